@@ -1,0 +1,182 @@
+"""The `mtpcli` command line: thin typer wrappers over the modules that do the work."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import typer  # noqa: E402
+
+from . import profiles  # noqa: E402
+from .errors import EXIT_INTERRUPTED, MtpError, UsageError  # noqa: E402
+from .profiles import SCHEMA  # noqa: E402
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Speculative decoding for local MLX models, with the statistics of what it cost.")
+profile_app = typer.Typer(no_args_is_help=True, help="List, show, choose and validate TOML profiles.")
+models_app = typer.Typer(no_args_is_help=True, help="Known model aliases, the model cache, and checkpoints.")
+app.add_typer(profile_app, name="profile")
+app.add_typer(models_app, name="models")
+
+_global = {"profile": None}
+
+
+def _h(key: str) -> str:
+    return SCHEMA[key].help
+
+
+def _opt(key: str, *extra: str):
+    return typer.Option(None, SCHEMA[key].option, *extra, help=_h(key), show_default=False)
+
+
+def _bool_opt(key: str, off: str):
+    return typer.Option(None, f"{SCHEMA[key].option}/{off}", help=_h(key), show_default=False)
+
+
+@app.callback()
+def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile for this call (any command).")):
+    _global["profile"] = profile
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: stdin)."),
+    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", help="Read the whole prompt from a file; - is stdin."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Profile (overrides the default profile)."),
+    model: Optional[str] = _opt("model", "-m"),
+    draft_model: Optional[str] = _opt("draft_model"),
+    draft: Optional[str] = _opt("draft"),
+    num_draft_tokens: Optional[int] = _opt("num_draft_tokens"),
+    max_tokens: Optional[int] = _opt("max_tokens"),
+    temp: Optional[float] = _opt("temp"),
+    top_p: Optional[float] = _opt("top_p"),
+    top_k: Optional[int] = _opt("top_k"),
+    min_p: Optional[float] = _opt("min_p"),
+    seed: Optional[int] = _opt("seed"),
+    typical_threshold: Optional[float] = _opt("typical_threshold"),
+    typical_eps: Optional[float] = _opt("typical_eps"),
+    adaptive: Optional[bool] = _bool_opt("adaptive", "--no-spec-draft-adaptive"),
+    n_min: Optional[int] = _opt("n_min"),
+    n_max: Optional[int] = _opt("n_max"),
+    p_min: Optional[float] = _opt("p_min"),
+    ema_alpha: Optional[float] = _opt("ema_alpha"),
+    ema_probe: Optional[float] = _opt("ema_probe"),
+    ema_init: Optional[float] = _opt("ema_init"),
+    chat: Optional[bool] = _bool_opt("chat", "--no-chat"),
+    system: Optional[str] = _opt("system"),
+    format: Optional[str] = _opt("format"),
+    prefill_step: Optional[int] = _opt("prefill_step"),
+    num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, help="Independent completions of the prompt (prefilled once)."),
+    separator: str = typer.Option("\n\n", "--separator", help="Text between completions in text format."),
+    stats_json: Optional[str] = typer.Option(None, "--stats-json", help="Write the run's statistics and settings as JSON to this file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the statistics table on stderr."),
+    no_log: bool = typer.Option(False, "--no-log", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash)."),
+):
+    """Generate text with speculative decoding; text to stdout, statistics to stderr."""
+    from . import generate as gen
+
+    flags = {k: v for k, v in locals().items() if k in SCHEMA}
+    settings = profiles.resolve(profile or _global["profile"], flags)
+    text, _ = gen.read_prompt(prompt, prompt_file)
+    if no_log:
+        os.environ["MTPCLI_NO_LOG"] = "1"
+    if log_prompts:
+        os.environ["MTPCLI_LOG_PROMPTS"] = "1"
+    status = gen.run(settings, text, num_completions, quiet, stats_json, separator, sys.argv[1:])
+    raise typer.Exit(status)
+
+
+# ---- profiles ----------------------------------------------------------------------------------
+
+@profile_app.command("list")
+def profile_list():
+    """Profiles: name, file, description; * marks the default."""
+    default = profiles.default_name()
+    for name, path in profiles.available().items():
+        try:
+            desc = profiles.load(name).description
+        except MtpError as e:
+            desc = f"(invalid: {e})"
+        print(f"{'*' if name == default else ' '} {name:<16} {desc}  [{path}]")
+
+
+@profile_app.command("show")
+def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (default: the chosen one)."),
+                 origin: bool = typer.Option(False, "--origin", help="Say where each value came from.")):
+    """The resolved settings of a profile (flag > env > profile > default)."""
+    s = profiles.resolve(name or _global["profile"], {})
+    print(f"# profile: {s.profile}")
+    for key, value in s.values.items():
+        line = f"{key} = {_toml(value)}"
+        print(f"{line:<40} # {s.origins[key]}" if origin else line)
+
+
+def _toml(v) -> str:
+    if v is None:
+        return '"" (unset)'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return repr(v)
+
+
+@profile_app.command("use")
+def profile_use(name: str):
+    """Make NAME the default profile (stored in $XDG_CONFIG_HOME/mtpcli/config.toml)."""
+    path = profiles.set_default(name)
+    print(f"default profile: {name} ({path})", file=sys.stderr)
+
+
+@profile_app.command("validate")
+def profile_validate(names: Optional[List[str]] = typer.Argument(None, help="Names or .toml paths (default: all).")):
+    """Check profiles; exit 2 if any is invalid."""
+    failed = 0
+    for name in names or list(profiles.available()):
+        try:
+            p = profiles.load(name)
+            print(f"ok      {p.name} ({p.path})")
+        except MtpError as e:
+            failed += 1
+            print(f"invalid {name}: {e}", file=sys.stderr)
+    raise typer.Exit(2 if failed else 0)
+
+
+@profile_app.command("path")
+def profile_path():
+    """Where profiles and the default-profile setting live."""
+    print(f"shipped: {profiles.SHIPPED_DIR}")
+    print(f"user:    {profiles.user_dir()}")
+    print(f"config:  {profiles.config_file()}")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except MtpError as e:
+        print(f"mtpcli: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("mtpcli: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        sys.exit(141)
+    except Exception as e:  # click usage errors and the like
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(EXIT_INTERRUPTED)
+        raise
+
+
+__all__ = ["app", "main", "UsageError"]

@@ -1,0 +1,28 @@
+"""User-facing failures: one clear line on stderr and a documented exit code, never a traceback."""
+
+# Exit codes (documented in the README).
+EXIT_OK = 0
+EXIT_RUNTIME = 1  # an unexpected failure while decoding
+EXIT_USAGE = 2  # bad input: a flag, a profile, a prompt
+EXIT_MODEL = 3  # a model could not be found, fetched, converted or paired with its draft
+EXIT_INTERRUPTED = 130  # Ctrl-C: what was committed is printed, then the statistics so far
+EXIT_PIPE = 141  # stdout was closed by the reader (e.g. `| head -c 10`)
+
+
+class MtpError(Exception):
+    """An error a user can act on. The message is one line; it names the flag, key or file."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(MtpError):
+    exit_code = EXIT_USAGE
+
+
+class ModelError(MtpError):
+    exit_code = EXIT_MODEL

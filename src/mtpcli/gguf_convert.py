@@ -1,0 +1,1 @@
+def cached_conversion(path): raise NotImplementedError

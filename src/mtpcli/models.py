@@ -1,0 +1,90 @@
+"""Finding and loading models: local folder > known alias > GGUF file > Hugging Face id (local cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelError
+
+
+@dataclass
+class Loaded:
+    model: object
+    tokenizer: object  # mlx_lm TokenizerWrapper
+    path: Path | None
+    name: str
+    config: dict
+
+
+def resolve(name: str) -> Path | str:
+    """Turn a model name into something mlx-lm's loader takes (a folder, or a Hub id)."""
+    from . import fetch, gguf_convert
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder {path} has no config.json (not an mlx-lm/Hugging Face model folder)")
+        return path
+    if name in fetch.ALIASES:
+        return fetch.ensure(name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist")
+        return gguf_convert.cached_conversion(path)
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ModelError(f"model '{name}' not found: no such folder, not a known alias "
+                         f"({', '.join(fetch.ALIASES)}), not a .gguf file, not a Hugging Face id")
+    return name
+
+
+def load(name: str, role: str = "model") -> Loaded:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a Hub id loads from the local cache only
+    target = resolve(name)
+    from mlx_lm import load as mlx_load
+
+    try:
+        model, tokenizer, config = mlx_load(str(target), return_config=True)
+    except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(target, str):
+            msg = f"not a local folder and not in the Hugging Face cache (offline): {msg}"
+        raise ModelError(f"cannot load {role} '{name}': {msg}") from None
+    return Loaded(model, tokenizer, Path(target) if not isinstance(target, str) else None, name, config)
+
+
+def check_pair(target: Loaded, draft: Loaded) -> None:
+    """Refuse a draft whose tokenizer or vocabulary differs from the target's, before any decoding."""
+    tv = target.tokenizer._tokenizer.get_vocab()
+    dv = draft.tokenizer._tokenizer.get_vocab()
+    where = f"--draft-model '{draft.name}' does not match --model '{target.name}'"
+    if tv != dv:
+        if len(tv) != len(dv):
+            raise ModelError(f"{where}: tokenizer vocabularies differ ({len(dv)} vs {len(tv)} tokens)")
+        tok = next(t for t in tv if dv.get(t) != tv[t])
+        raise ModelError(f"{where}: token {tok!r} has id {dv.get(tok)} in the draft, {tv[tok]} in the target")
+    t_out, d_out = output_size(target.model), output_size(draft.model)
+    if t_out != d_out:
+        raise ModelError(f"{where}: output vocabulary sizes differ ({d_out} vs {t_out} logits)")
+
+
+def output_size(model) -> int:
+    import mlx.core as mx
+
+    return int(model(mx.array([[0]])).shape[-1])
+
+
+def max_context(config: dict) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    text = config.get("text_config")
+    return max_context(text) if isinstance(text, dict) else None
+
+
+def describe(loaded: Loaded) -> str:
+    cfg = loaded.config
+    return json.dumps({"name": loaded.name, "type": cfg.get("model_type"), "layers": cfg.get("num_hidden_layers"),
+                       "hidden": cfg.get("hidden_size")})

@@ -1,0 +1,149 @@
+"""The run log: one SQLite record per generate run or bench arm (WAL mode; a record is all or nothing)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  time REAL NOT NULL,
+  command TEXT NOT NULL,
+  profile TEXT,
+  model TEXT,
+  draft TEXT,
+  prompt_tokens INTEGER,
+  prompt_hash TEXT,
+  prompt TEXT,
+  settings TEXT NOT NULL,
+  stats TEXT NOT NULL,
+  status INTEGER NOT NULL
+)"""
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "mtpcli"
+
+
+def log_path() -> Path:
+    return data_dir() / "runs.sqlite"
+
+
+def disabled() -> bool:
+    return os.environ.get("MTPCLI_NO_LOG", "") not in ("", "0")
+
+
+def _connect(path: Path, create: bool) -> sqlite3.Connection:
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.is_file():
+        raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
+    try:
+        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        con.execute("PRAGMA busy_timeout = 30000")
+        if create:
+            con.execute("PRAGMA journal_mode = WAL")
+            con.execute(SCHEMA)
+        con.execute("SELECT count(*) FROM runs").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise UsageError(f"run log {path} is unreadable ({e}); left untouched") from None
+    return con
+
+
+def append(record: dict[str, Any], path: Path | None = None) -> int:
+    con = _connect(path or log_path(), create=True)
+    try:
+        with con:  # one transaction: the record is written whole or not at all
+            cur = con.execute(
+                "INSERT INTO runs (time, command, profile, model, draft, prompt_tokens, prompt_hash, prompt,"
+                " settings, stats, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (record["time"], json.dumps(record["command"]), record.get("profile"), record.get("model"),
+                 record.get("draft"), record.get("prompt_tokens"), record.get("prompt_hash"), record.get("prompt"),
+                 json.dumps(record["settings"]), json.dumps(record["stats"]), record["status"]),
+            )
+            return cur.lastrowid
+    finally:
+        con.close()
+
+
+_warned = False
+
+
+def append_safely(*, command, settings, profile, model, draft, prompt, stats, status, started,
+                  prompt_text: str | None = None, log: bool = True) -> int | None:
+    """Append a record; on any storage failure warn once on stderr and carry on."""
+    global _warned
+    if not log or disabled():
+        return None
+    record = {
+        "time": started, "command": list(command), "profile": profile, "model": model, "draft": draft,
+        "prompt_tokens": len(prompt), "prompt_hash": hashlib.sha256(json.dumps(list(prompt)).encode()).hexdigest()[:16],
+        "prompt": prompt_text, "settings": settings, "stats": stats, "status": status,
+    }
+    try:
+        return append(record)
+    except (OSError, sqlite3.Error, UsageError) as e:
+        if not _warned:
+            print(f"mtpcli: warning: run not logged ({log_path()}): {e}", file=sys.stderr)
+            _warned = True
+        return None
+
+
+def _row(r: sqlite3.Row) -> dict[str, Any]:
+    d = dict(r)
+    d["command"] = json.loads(d["command"])
+    d["settings"] = json.loads(d["settings"])
+    d["stats"] = json.loads(d["stats"])
+    return d
+
+
+def query(*, last: int | None = None, since: float | None = None, model: str | None = None,
+          profile: str | None = None, ids: list[int] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
+    """Records, oldest first, after filters; `last` keeps the newest N."""
+    con = _connect(path or log_path(), create=False)
+    con.row_factory = sqlite3.Row
+    where, args = [], []
+    if since is not None:
+        where.append("time >= ?")
+        args.append(since)
+    if model:
+        where.append("model = ?")
+        args.append(model)
+    if profile:
+        where.append("profile = ?")
+        args.append(profile)
+    if ids:
+        where.append(f"id IN ({','.join('?' * len(ids))})")
+        args.extend(ids)
+    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
+    if last:
+        sql += f" LIMIT {int(last)}"
+    try:
+        rows = [_row(r) for r in con.execute(sql, args)]
+    except sqlite3.DatabaseError as e:
+        raise UsageError(f"run log {path or log_path()} is unreadable ({e}); left untouched") from None
+    finally:
+        con.close()
+    return rows[::-1]
+
+
+def clear(path: Path | None = None) -> int:
+    con = _connect(path or log_path(), create=False)
+    try:
+        with con:
+            return con.execute("DELETE FROM runs").rowcount
+    finally:
+        con.close()
+
+
+def now() -> float:
+    return time.time()

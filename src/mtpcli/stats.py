@@ -1,0 +1,243 @@
+"""Per-run cycle statistics: collected by the engine, merged over completions, rendered on stderr."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class RunStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    reached: list[int] = field(default_factory=list)  # cycles that drafted position i
+    accepted_at: list[int] = field(default_factory=list)  # cycles that accepted position i
+    accept_lengths: Counter = field(default_factory=Counter)
+    draft_widths: Counter = field(default_factory=Counter)
+    width_trace: list[int] = field(default_factory=list)
+    tpc_trace: list[int] = field(default_factory=list)
+    floor_cut: int = 0  # drafts cut short by the draft's confidence floor (p_min)
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    ttft_s: float | None = None
+    peak_memory_bytes: int = 0
+    controller_estimate: float | None = None
+    typical: dict[str, Any] | None = None
+    _typical_sums: dict[str, float] = field(default_factory=lambda: Counter())
+
+    def record_cycle(self, drafted: int, accepted: int, committed: int) -> None:
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.generated_tokens += committed
+        while len(self.reached) < drafted:
+            self.reached.append(0)
+            self.accepted_at.append(0)
+        for i in range(drafted):
+            self.reached[i] += 1
+            if i < accepted:
+                self.accepted_at[i] += 1
+        self.accept_lengths[accepted] += 1
+        self.draft_widths[drafted] += 1
+        self.width_trace.append(drafted)
+        self.tpc_trace.append(committed)
+
+    def record_typical(self, positions: int, accepted: int, resampled: bool, entropy_sum: float, floor_sum: float):
+        s = self._typical_sums
+        s["positions"] += positions
+        s["accepted"] += accepted
+        s["resamples"] += int(resampled)
+        s["entropy"] += entropy_sum
+        s["floor"] += floor_sum
+
+    def merge(self, other: "RunStats") -> "RunStats":
+        """Aggregate of two runs of the same settings (e.g. the completions of -n)."""
+        out = RunStats()
+        for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s",
+                     "prefill_tokens", "decode_s"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.prompt_tokens = max(self.prompt_tokens, other.prompt_tokens)
+        n = max(len(self.reached), len(other.reached))
+        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        out.reached = [a + b for a, b in zip(pad(self.reached), pad(other.reached))]
+        out.accepted_at = [a + b for a, b in zip(pad(self.accepted_at), pad(other.accepted_at))]
+        out.accept_lengths = self.accept_lengths + other.accept_lengths
+        out.draft_widths = self.draft_widths + other.draft_widths
+        out.width_trace = self.width_trace + other.width_trace
+        out.tpc_trace = self.tpc_trace + other.tpc_trace
+        ttfts = [t for t in (self.ttft_s, other.ttft_s) if t is not None]
+        out.ttft_s = min(ttfts) if ttfts else None
+        out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
+        out.controller_estimate = other.controller_estimate
+        out._typical_sums = Counter(self._typical_sums) + Counter(other._typical_sums)
+        out.typical = self.typical or other.typical
+        return out
+
+    # ---- derived figures -------------------------------------------------------------------
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return self.generated_tokens / self.cycles if self.cycles else 0.0
+
+    @property
+    def accept_by_position(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached)]
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def typical_summary(self) -> dict[str, Any] | None:
+        if self.typical is None:
+            return None
+        s = self._typical_sums
+        pos = s["positions"]
+        return {
+            **self.typical,
+            "positions": int(pos),
+            "accepted": int(s["accepted"]),
+            "resamples": int(s["resamples"]),
+            "accept_rate": s["accepted"] / pos if pos else 0.0,
+            "mean_entropy": s["entropy"] / pos if pos else 0.0,
+            "mean_floor": s["floor"] / pos if pos else 0.0,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "cycles": self.cycles,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_cycle": self.tokens_per_cycle,
+            "accept_by_position": self.accept_by_position,
+            "accept_length_hist": {str(k): v for k, v in sorted(self.accept_lengths.items())},
+            "draft_width_hist": {str(k): v for k, v in sorted(self.draft_widths.items())},
+            "prefill_tps": self.prefill_tps,
+            "decode_tps": self.decode_tps,
+            "ttft_s": self.ttft_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "floor_cut_drafts": self.floor_cut,
+            "controller_estimate": self.controller_estimate,
+            "width_trace": self.width_trace,
+            "tokens_per_cycle_trace": self.tpc_trace,
+        }
+        if self.typical is not None:
+            d["typical_acceptance"] = self.typical_summary()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunStats":
+        """Rebuild enough of a run to render it (used by `mtpcli stats`)."""
+        s = cls()
+        for name in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "ttft_s",
+                     "peak_memory_bytes", "controller_estimate"):
+            setattr(s, name, d.get(name) or (None if name in ("ttft_s", "controller_estimate") else 0))
+        s.floor_cut = d.get("floor_cut_drafts", 0)
+        s.accept_lengths = Counter({int(k): v for k, v in d.get("accept_length_hist", {}).items()})
+        s.draft_widths = Counter({int(k): v for k, v in d.get("draft_width_hist", {}).items()})
+        # Reconstruct reached/accepted counts from the by-position rates and the width histogram.
+        widths = s.draft_widths
+        s.reached = [sum(c for w, c in widths.items() if w > i) for i in range(max(widths, default=0))]
+        s.accepted_at = [round(r * n) for r, n in zip(d.get("accept_by_position", []), s.reached)]
+        s.width_trace = list(d.get("width_trace", []))
+        s.tpc_trace = list(d.get("tokens_per_cycle_trace", []))
+        s.decode_s = s.generated_tokens / d["decode_tps"] if d.get("decode_tps") else 0.0
+        s.prefill_tokens = s.prompt_tokens
+        s.prefill_s = s.prompt_tokens / d["prefill_tps"] if d.get("prefill_tps") else 0.0
+        if d.get("typical_acceptance"):
+            t = d["typical_acceptance"]
+            s.typical = {k: t[k] for k in ("enabled", "threshold", "eps", "distribution_exact") if k in t}
+            s._typical_sums = Counter(
+                positions=t.get("positions", 0), accepted=t.get("accepted", 0), resamples=t.get("resamples", 0),
+                entropy=t.get("mean_entropy", 0) * t.get("positions", 0), floor=t.get("mean_floor", 0) * t.get("positions", 0),
+            )
+        return s
+
+
+# ---- rendering ---------------------------------------------------------------------------------
+
+def sparkline(values: list[int] | list[float], width: int = 60) -> str:
+    if not values:
+        return ""
+    if len(values) > width:  # bucket means
+        step = len(values) / width
+        values = [statistics.fmean(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)])
+                  for i in range(width)]
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1
+    return "".join(SPARK[min(int((v - lo) / span * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in values)
+
+
+def _hist(c: Counter) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(c.items()))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def summary_rows(s: RunStats) -> list[tuple[str, str]]:
+    rows = [
+        ("prompt_tokens", str(s.prompt_tokens)),
+        ("generated_tokens", str(s.generated_tokens)),
+        ("cycles", str(s.cycles)),
+        ("drafted", str(s.drafted)),
+        ("accepted", str(s.accepted)),
+        ("acceptance_rate", f"{s.acceptance_rate:.3f}"),
+        ("tokens_per_cycle", f"{s.tokens_per_cycle:.3f}"),
+        ("accept_by_position", " ".join(f"{x:.2f}" for x in s.accept_by_position) or "-"),
+        ("accept_length_hist", _hist(s.accept_lengths) or "-"),
+        ("draft_width_hist", _hist(s.draft_widths) or "-"),
+        ("prefill_tps", f"{s.prefill_tps:.1f}"),
+        ("decode_tps", f"{s.decode_tps:.2f}"),
+        ("ttft_s", f"{s.ttft_s:.3f}" if s.ttft_s is not None else "-"),
+        ("peak_memory", _mib(s.peak_memory_bytes)),
+    ]
+    if s.controller_estimate is not None:
+        rows.append(("controller_estimate", f"{s.controller_estimate:.2f}"))
+    if s.floor_cut:
+        rows.append(("floor_cut_drafts", str(s.floor_cut)))
+    return rows
+
+
+def render(s: RunStats, out: TextIO, tty: bool, title: str = "mtpcli run") -> None:
+    """A rich table on a terminal, plain `key: value` lines otherwise."""
+    rows = summary_rows(s)
+    if not tty:
+        for k, v in rows:
+            print(f"{k}: {v}", file=out)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold cyan")
+    table.add_column()
+    for k, v in rows:
+        table.add_row(k, v)
+    if len(set(s.width_trace)) > 1:
+        table.add_row("draft_width_trace", sparkline(s.width_trace))
+    if s.tpc_trace:
+        table.add_row("tokens_per_cycle_trace", sparkline(s.tpc_trace))
+    for label, counter in (("accept_length", s.accept_lengths), ("draft_width", s.draft_widths)):
+        total = sum(counter.values()) or 1
+        for k, v in sorted(counter.items()):
+            table.add_row(f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}")
+    Console(file=out, force_terminal=True).print(table)

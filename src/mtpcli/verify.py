@@ -1,0 +1,96 @@
+"""Acceptance laws: pure functions from probability (or logit) arrays to a verdict.
+
+Every law takes the target rows for the k drafted positions plus the bonus position, shapes
+(B, k+1, V), and the drafted tokens (B, k). It returns how many leading drafts are accepted
+(B,) and the one token that follows them (B,): a resample at the first rejected position, or the
+bonus token when all k pass. Everything stays on the device; the caller synchronises once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .sampling import sample
+
+
+@dataclass
+class Verdict:
+    n_accepted: mx.array  # (B,) int32: length of the accepted prefix
+    token: mx.array  # (B,) int32: resampled token at position n_accepted (or the bonus token)
+    entropy: mx.array | None = None  # typical law: H(p) per position, (B, k+1)
+    floor: mx.array | None = None  # typical law: acceptance floor per position, (B, k+1)
+
+
+def _prefix_length(accept: mx.array) -> mx.array:
+    return mx.cumprod(accept.astype(mx.int32), axis=-1).sum(axis=-1)
+
+
+def _at(values: mx.array, index: mx.array) -> mx.array:
+    """values (B, n, ...) indexed at position index (B,) along axis 1."""
+    index = index.reshape(index.shape + (1,) * (values.ndim - 1))
+    return mx.take_along_axis(values, index, axis=1).squeeze(1)
+
+
+def _prob_of(p: mx.array, tokens: mx.array) -> mx.array:
+    return mx.take_along_axis(p, tokens[..., None], axis=-1).squeeze(-1)
+
+
+def greedy(target_logits: mx.array, draft: mx.array) -> Verdict:
+    """T = 0: accept while the draft equals the target's argmax; the next token is the argmax."""
+    best = mx.argmax(target_logits, axis=-1)  # (B, k+1)
+    k = draft.shape[-1]
+    n = _prefix_length(draft == best[:, :k])
+    return Verdict(n, _at(best, n))
+
+
+def residual(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
+    """Normalised (p - q)+ per drafted position. q None means a deterministic (one-hot) draft."""
+    if q is None:
+        r = mx.where(mx.arange(p.shape[-1]) == draft[..., None], 0.0, p)
+    else:
+        r = mx.maximum(p - q, 0.0)
+    mass = r.sum(axis=-1, keepdims=True)
+    # Zero mass only when p == q, where a rejection has probability 0: fall back to p.
+    return mx.where(mass > 0, r / mx.where(mass > 0, mass, 1.0), p)
+
+
+def exact(p: mx.array, q: mx.array | None, draft: mx.array, key: mx.array) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output ~ p exactly.
+
+    Draft token x at position i is accepted with probability min(1, p_i(x) / q_i(x)); the first
+    rejection resamples from normalised (p_i - q_i)+ and ends the block; if all pass, the bonus token
+    is drawn from p_k.
+    """
+    k = draft.shape[-1]
+    k_accept, k_sample = mx.random.split(key)
+    u = mx.random.uniform(shape=draft.shape, key=k_accept)
+    pd = _prob_of(p[:, :k], draft)
+    qd = 1.0 if q is None else _prob_of(q, draft)
+    n = _prefix_length(u * qd < pd)
+    rows = mx.concatenate([residual(p[:, :k], q, draft), p[:, k:]], axis=1)
+    return Verdict(n, sample(_at(rows, n), k_sample))
+
+
+def entropy(p: mx.array) -> mx.array:
+    """Shannon entropy in nats of each row of p."""
+    return -mx.where(p > 0, p * mx.log(mx.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
+
+
+def typical_floor(p: mx.array, threshold: float, eps: float) -> tuple[mx.array, mx.array]:
+    """min(eps, delta * exp(-H(p))) per row, and H(p)."""
+    h = entropy(p)
+    return mx.minimum(eps, threshold * mx.exp(-h)), h
+
+
+def typical(p: mx.array, draft: mx.array, key: mx.array, threshold: float, eps: float = 1.0) -> Verdict:
+    """Typical acceptance (Medusa-2, arXiv:2401.10774 s2.3.1). NOT distribution-exact.
+
+    Accept the longest prefix of positions whose draft token has p(x) > min(eps, delta * exp(-H(p)));
+    resample the first atypical position from p itself; the bonus token comes from p_k.
+    """
+    k = draft.shape[-1]
+    floor, h = typical_floor(p, threshold, eps)
+    n = _prefix_length(_prob_of(p[:, :k], draft) > floor[:, :k])
+    return Verdict(n, sample(_at(p, n), key), entropy=h, floor=floor)
