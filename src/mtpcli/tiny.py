@@ -56,7 +56,7 @@ def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 3
     return path
 
 
-def noisy_copy(src: str | Path, dst: str | Path, noise: float = 0.3, seed: int = 1) -> Path:
+def noisy_copy(src: str | Path, dst: str | Path, noise: float = 0.1, seed: int = 1) -> Path:
     """A draft model: the model at `src` with gaussian noise (relative scale `noise`) on every weight."""
     from mlx_lm.utils import load_model
 

@@ -1,0 +1,33 @@
+import os
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path, monkeypatch):
+    """Every test gets its own config, data and cache homes: no test touches the user's files."""
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    for var in list(os.environ):
+        if var.startswith("MTPCLI_"):
+            monkeypatch.delenv(var)
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory):
+    from mtpcli.tiny import make_model, noisy_copy
+
+    root = tmp_path_factory.mktemp("tiny")
+    target = make_model(root / "target")
+    draft = noisy_copy(target, root / "draft")
+    chat = make_model(root / "chat", chat_template=True)
+    return {"target": target, "draft": draft, "chat": chat, "root": root}
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_paths):
+    from mtpcli import models
+
+    return models.load(str(tiny_paths["target"])), models.load(str(tiny_paths["draft"]))

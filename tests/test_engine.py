@@ -1,0 +1,133 @@
+"""The decode loop on tiny random models built by the tests."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtpcli import verify
+from mtpcli.controller import EmaController, FixedWidth
+from mtpcli.drafters import NoDraft
+from mtpcli.drafters.model import ModelDrafter
+from mtpcli.engine import DecodeConfig, Engine
+from mtpcli.sampling import SamplingParams, probs
+from stattools import fits
+
+PROMPTS = ["def fib(n):", "the sea is ", "x = 1\ny = ", "abc"]
+
+
+def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, **cfg):
+    target, dmodel = tiny
+    ids = list(target.tokenizer.encode(prompt))
+    drafter = ModelDrafter(dmodel.model, p_min=p_min) if draft else NoDraft()
+    ctrl = controller or FixedWidth(width if draft else 0)
+    eos = target.tokenizer.eos_token_ids if eos is None else eos
+    eng = Engine(target.model, drafter, ctrl, eos, DecodeConfig(**cfg))
+    outs = [[] for _ in range(n)]
+    for ev in eng.generate(ids, n):
+        outs[ev.completion].extend(ev.tokens)
+    return outs, eng
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculative_equals_plain_decoding(tiny, prompt):
+    plain, _ = decode(tiny, prompt, draft=False, max_tokens=48)
+    for width in (1, 3, 6):
+        spec, eng = decode(tiny, prompt, width=width, max_tokens=48)
+        assert spec == plain
+        assert eng.stats.cycles < eng.stats.generated_tokens  # it really speculated
+    adaptive, _ = decode(tiny, prompt, controller=EmaController(1, 6), max_tokens=48)
+    assert adaptive == plain
+
+
+def test_same_seed_same_output_and_seed_matters(tiny):
+    kw = dict(sampling=SamplingParams(temp=1.0, top_p=0.95), max_tokens=40)
+    a, _ = decode(tiny, "abc", seed=7, **kw)
+    b, _ = decode(tiny, "abc", seed=7, **kw)
+    c, _ = decode(tiny, "abc", seed=8, **kw)
+    assert a == b and a != c
+
+
+def test_max_tokens_and_stats_are_consistent(tiny):
+    (out,), eng = decode(tiny, "abc", max_tokens=17, sampling=SamplingParams(temp=1.0))
+    s = eng.stats
+    assert len(out) == 17 == s.generated_tokens
+    assert s.accepted <= s.drafted and s.cycles == sum(s.accept_lengths.values())
+    assert s.generated_tokens == s.accepted + s.cycles  # each cycle: accepted drafts + one token
+    assert all(0 <= x <= 1 for x in s.accept_by_position)
+    assert s.ttft_s > 0 and s.decode_tps > 0
+
+
+def test_confidence_floor_cuts_drafts_and_stays_lossless(tiny):
+    plain, _ = decode(tiny, "the sea is ", draft=False, max_tokens=40)
+    spec, eng = decode(tiny, "the sea is ", width=5, p_min=0.6, max_tokens=40)
+    assert spec == plain
+    assert eng.stats.floor_cut > 0
+    assert len(eng.stats.draft_widths) > 1
+
+
+def test_adaptive_run_uses_several_widths_within_bounds(tiny):
+    _, eng = decode(tiny, "def fib(n):", controller=EmaController(2, 6), max_tokens=96,
+                    sampling=SamplingParams(temp=0.7))
+    widths = eng.controller.history[0]
+    assert len(set(widths)) > 1
+    # the last cycles may be narrowed by max_tokens; all others lie within [n_min, n_max]
+    assert all(2 <= w <= 6 for w in widths[:-2])
+
+
+# ---- end-to-end exactness at T > 0 --------------------------------------------------------------
+
+N = 2500
+
+
+def target_marginals(target, ids, sp):
+    """Exact distribution of the first and second generated tokens under the target alone."""
+    model = target.model
+    p1 = np.array(probs(model(mx.array([ids]))[0, -1], sp))
+    p2 = np.zeros_like(p1)
+    for x1 in np.nonzero(p1)[0]:
+        p2 += p1[x1] * np.array(probs(model(mx.array([ids + [int(x1)]]))[0, -1], sp))
+    return p1, p2
+
+
+def sampled_pairs(tiny, sp, seed=0):
+    outs, eng = decode(tiny, "the sea is ", width=3, n=N, max_tokens=3, sampling=sp, seed=seed, eos=())
+    arr = np.array([o[:2] for o in outs])
+    return arr[:, 0], arr[:, 1], eng
+
+
+EXACT_CASES = [
+    SamplingParams(temp=0.7),
+    SamplingParams(temp=1.0),
+    SamplingParams(temp=1.0, top_k=8, top_p=0.9),
+    SamplingParams(temp=0.7, top_p=0.8),
+]
+
+
+@pytest.mark.parametrize("sp", EXACT_CASES, ids=str)
+def test_speculative_output_is_distributed_as_the_target(tiny, sp):
+    target, _ = tiny
+    ids = list(target.tokenizer.encode("the sea is "))
+    p1, p2 = target_marginals(target, ids, sp)
+    first, second, eng = sampled_pairs(tiny, sp)
+    V = len(p1)
+    assert 0.2 < eng.stats.acceptance_rate < 0.95  # partial acceptance: the law really works
+    assert eng.stats.reached[1] > N / 4  # the second drafted position was exercised
+    assert fits(np.bincount(first, minlength=V), p1)
+    assert fits(np.bincount(second, minlength=V), p2)
+
+
+def test_negative_control_a_wrong_law_fails_the_same_test(tiny, monkeypatch):
+    exact = verify.exact
+
+    def wrong(p, q, draft, key):  # resample from p instead of the residual
+        v = exact(p, q, draft, key)
+        from mtpcli.sampling import sample
+        redo = sample(verify._at(p, v.n_accepted), mx.random.split(key)[1])
+        return verify.Verdict(v.n_accepted, mx.where(v.n_accepted < draft.shape[-1], redo, v.token))
+
+    sp = SamplingParams(temp=1.0)
+    target, _ = tiny
+    p1, p2 = target_marginals(target, list(target.tokenizer.encode("the sea is ")), sp)
+    monkeypatch.setattr(verify, "exact", wrong)
+    first, second, _ = sampled_pairs(tiny, sp)
+    assert not (fits(np.bincount(first, minlength=len(p1)), p1) and fits(np.bincount(second, minlength=len(p1)), p2))
