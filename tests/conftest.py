@@ -31,3 +31,16 @@ def tiny(tiny_paths):
     from mtpcli import models
 
     return models.load(str(tiny_paths["target"])), models.load(str(tiny_paths["draft"]))
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run `python -m mtpcli ARGS` as a user would; returns the CompletedProcess (bytes)."""
+    import subprocess
+    import sys
+
+    def run(*args, input=b"", env=None, timeout=120):
+        full_env = {**os.environ, **(env or {})}
+        return subprocess.run([sys.executable, "-m", "mtpcli", *map(str, args)], input=input,
+                              capture_output=True, env=full_env, timeout=timeout, cwd=tmp_path)
+    return run

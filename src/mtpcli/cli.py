@@ -157,7 +157,8 @@ def profile_path():
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except MtpError as e:
         print(f"mtpcli: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
@@ -168,15 +169,17 @@ def main() -> None:
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         sys.exit(141)
-    except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
+    except Exception as e:  # click's usage errors (typer vendors click), then real bugs
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            if e.format_message():  # (no-args help has no message)
+                print(f"mtpcli: error: {e.format_message()}", file=sys.stderr)
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if type(e).__name__ == "Abort":
             sys.exit(EXIT_INTERRUPTED)
-        raise
+        if os.environ.get("MTPCLI_DEBUG"):
+            raise
+        print(f"mtpcli: internal error: {type(e).__name__}: {e} (MTPCLI_DEBUG=1 shows the traceback)", file=sys.stderr)
+        sys.exit(1)
 
 
 __all__ = ["app", "main", "UsageError"]

@@ -1,0 +1,79 @@
+"""Draft width policies as pure objects."""
+
+import pytest
+
+from mtpcli.controller import EmaController, FixedWidth
+
+
+def test_update_rule_on_scripted_accepts():
+    c = EmaController(n_min=1, n_max=8)
+    assert c.estimate() == 2.0 and c.width() == 2
+    c.update([2], [1])  # partial: 0.75 * 2 + 0.25 * 1
+    assert c.estimate() == pytest.approx(1.75)
+    c.update([2], [2])  # full accept, censored: probe up by 1
+    assert c.estimate() == pytest.approx(2.75)
+    assert c.width() == 3
+
+
+def test_full_accepts_climb_to_n_max_and_never_exceed_it():
+    c = EmaController(n_min=1, n_max=5)
+    for _ in range(10):
+        c.update([c.width()], [c.width()])
+    assert c.estimate() == 5.0 and c.width() == 5
+
+
+def test_decaying_acceptance_backs_off():
+    c = EmaController(n_min=1, n_max=8, init=6.0)
+    widths = []
+    for _ in range(12):
+        w = c.width()
+        widths.append(w)
+        c.update([w], [0])
+    assert widths[0] == 6 and widths[-1] == 1
+    assert widths == sorted(widths, reverse=True)
+
+
+def test_clamp_bounds():
+    c = EmaController(n_min=3, n_max=4, init=1.0)
+    assert c.width() == 3
+    c.estimates[0] = 100.0
+    assert c.width() == 4
+
+
+@pytest.mark.parametrize("kw", [dict(n_min=0, n_max=3), dict(n_min=5, n_max=3), dict(alpha=0.0)])
+def test_invalid_bounds_are_refused(kw):
+    with pytest.raises(ValueError):
+        EmaController(**kw)
+
+
+def old_public_update(e, requested, accepted, alpha=0.25, probe=1.0):
+    """The public version's rule: it compared the accept count with the REQUESTED width."""
+    return e + probe if accepted >= requested else (1 - alpha) * e + alpha * accepted
+
+
+def test_bug1_floor_cut_then_fully_accepted_is_censored_not_partial():
+    # Requested 4, the confidence floor cut the draft to 2 tokens, and both were accepted.
+    old = old_public_update(3.0, requested=4, accepted=2)
+    assert old < 3.0  # the bug: a full accept pulled the estimate down
+    c = EmaController(n_min=1, n_max=8, init=3.0)
+    c.update([2], [2])  # fed the realized length
+    assert c.estimate() == 4.0  # censored: probe up
+
+
+def test_bug2_batch_shares_one_width_and_keeps_separate_estimates():
+    c = EmaController(n_min=1, n_max=8, batch=2)
+    for _ in range(4):
+        w = c.width()
+        c.update([w, w], [w, 0])  # member 0 accepts everything, member 1 nothing
+    assert c.estimates[0] > c.estimates[1]
+    assert c.member_width(0) != c.member_width(1)
+    assert c.width() == max(c.member_width(0), c.member_width(1))
+    assert c.history[0] == c.history[1]  # both drafted the same width every cycle
+    c.reset(1)
+    assert c.estimates[1] == 2.0 and c.estimates[0] > 2.0
+
+
+def test_fixed_width_records_history():
+    f = FixedWidth(4, batch=2)
+    f.update([4, 4], [1, 4])
+    assert f.width() == 4 and f.history == [[4], [4]]
