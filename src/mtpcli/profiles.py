@@ -165,7 +165,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def check_value(key: str, value: Any, where: str) -> Any:
     """Validate one value against the schema; returns it (ints accepted for float keys)."""
     if key not in SCHEMA:
-        hint = difflib.get_close_matches(key, list(SCHEMA) + sorted(META_KEYS), n=1)
+        hint = difflib.get_close_matches(key, list(SCHEMA) + sorted(META_KEYS), n=1, cutoff=0.4)
         raise UsageError(f"{where}: unknown key '{key}'" + (f"; did you mean '{hint[0]}'?" if hint else ""))
     spec = SCHEMA[key]
     if value is None:
@@ -252,3 +252,12 @@ def resolve(profile: str | None, flags: dict[str, Any], env: dict[str, str] | No
     if values["n_min"] > values["n_max"]:
         raise UsageError(f"--spec-draft-n-min ({values['n_min']}) must not exceed --spec-draft-n-max ({values['n_max']})")
     return Settings(values, origins, prof.name)
+
+
+def markdown_table() -> str:
+    """The README's table of profile keys, generated from the schema (a test keeps them in step)."""
+    lines = ["| key | flag | environment | type | default | allowed | meaning |", "|---|---|---|---|---|---|---|"]
+    for k in SCHEMA.values():
+        default = "" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else str(k.default)
+        lines.append(f"| `{k.name}` | `{k.option}` | `{k.env}` | {k.type.__name__} | {default} | {k.allowed} | {k.help} |")
+    return "\n".join(lines)
