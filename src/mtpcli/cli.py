@@ -83,12 +83,103 @@ def generate(
     flags = {k: v for k, v in locals().items() if k in SCHEMA}
     settings = profiles.resolve(profile or _global["profile"], flags)
     text, _ = gen.read_prompt(prompt, prompt_file)
-    if no_log:
-        os.environ["MTPCLI_NO_LOG"] = "1"
-    if log_prompts:
-        os.environ["MTPCLI_LOG_PROMPTS"] = "1"
-    status = gen.run(settings, text, num_completions, quiet, stats_json, separator, sys.argv[1:])
+    status = gen.run(settings, text, num_completions, quiet, stats_json, separator, sys.argv[1:],
+                     log=not no_log, log_prompts=log_prompts)
     raise typer.Exit(status)
+
+
+@app.command()
+def stats(
+    last: Optional[int] = typer.Option(None, "--last", min=1, help="A table of the N most recent runs."),
+    by: Optional[str] = typer.Option(None, "--by", help="Aggregate by profile, model or draft."),
+    compare: Optional[List[str]] = typer.Option(None, "--compare", help="Two profiles or two run ids (give --compare twice).") ,
+    since: Optional[str] = typer.Option(None, "--since", help="Only runs since a duration ago (2h, 7d) or an ISO date."),
+    model: Optional[str] = typer.Option(None, "--model", help="Only runs of this model."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Only runs of this profile."),
+    file: Optional[str] = typer.Option(None, "--file", help="Render a --stats-json file instead of the log."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Also write the charts to this PNG (needs matplotlib)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    clear: bool = typer.Option(False, "--clear", help="Delete every record (asks on a terminal; --yes otherwise)."),
+    yes: bool = typer.Option(False, "--yes", help="Confirm --clear without asking."),
+    export: Optional[str] = typer.Option(None, "--export", help="Export records; the only format is jsonl."),
+):
+    """The run log: the last run in full, recent runs, aggregates and comparisons."""
+    import json
+
+    from . import report, runlog
+    from .stats import RunStats, render
+
+    if clear:
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError("--clear needs --yes when not run from a terminal")
+            if not typer.confirm(f"Delete every record in {runlog.log_path()}?", err=True):
+                raise typer.Exit(1)
+        print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
+        return
+    if file:
+        try:
+            doc = json.loads(open(file, encoding="utf-8").read())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
+        _show_run(doc, as_json, plot, f"mtpcli · {file}")
+        return
+    ids = [int(x) for x in compare] if compare and all(x.isdigit() for x in compare) else None
+    records = runlog.query(since=report.parse_since(since) if since else None, model=model, profile=profile)
+    if not records:
+        raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
+    if export:
+        if export != "jsonl":
+            raise UsageError(f"--export {export!r}: the only format is jsonl")
+        for r in records:
+            print(json.dumps(r))
+        return
+    if compare:
+        if len(compare) != 2:
+            raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
+        sides = []
+        for key in compare:
+            picked = [r for r in records if (r["id"] == int(key) if ids else r["profile"] == key)]
+            if not picked:
+                raise UsageError(f"--compare {key}: no matching runs in the log")
+            sides.append(report.aggregate(picked))
+        rows = report.compare(*sides)
+        if as_json:
+            print(json.dumps({"a": compare[0], "b": compare[1], "rows": rows}))
+        else:
+            report.table(["metric", compare[0], compare[1], "ratio B/A"], rows)
+        return
+    if by:
+        groups = report.group_by(records, by)
+        if as_json:
+            print(json.dumps(groups))
+        else:
+            keys = list(next(iter(groups.values())))
+            report.table([by, *keys], [[name, *g.values()] for name, g in groups.items()])
+        return
+    if last:
+        picked = records[-last:]
+        if as_json:
+            print(json.dumps(picked))
+        else:
+            report.table(*report.recent_rows(picked))
+        return
+    _show_run(records[-1]["stats"], as_json, plot, f"mtpcli · run {records[-1]['id']} · {records[-1]['profile']}")
+
+
+def _show_run(doc: dict, as_json: bool, plot: Optional[str], title: str) -> None:
+    import json
+
+    from . import report
+    from .stats import RunStats, render
+
+    if as_json:
+        print(json.dumps(doc))
+    else:
+        render(RunStats.from_dict(doc), sys.stdout, sys.stdout.isatty(), title=title)
+    if plot:
+        report.plot(doc, plot)
+        print(f"wrote {plot}", file=sys.stderr)
 
 
 # ---- profiles ----------------------------------------------------------------------------------

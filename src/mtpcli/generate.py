@@ -135,7 +135,7 @@ class Output:
 
 
 def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | None, separator: str,
-        argv: list[str], out: TextIO = None) -> int:
+        argv: list[str], out: TextIO = None, log: bool = True, log_prompts: bool = False) -> int:
     out = out or sys.stdout
     v = s.values
     target, draft = load_models(s)
@@ -214,19 +214,16 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
         err(f"mtpcli: interrupted after {total.generated_tokens} tokens")
     if output.closed:
         err(f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
-    _log(s, argv, prompt, target, draft_source, record, status, started)
+    from . import runlog
+
+    runlog.append_safely(
+        command=argv, settings=record["settings"], profile=s.profile, model=v["model"],
+        draft=v["draft_model"] or draft_source, prompt=prompt, stats=record, status=status, started=started,
+        prompt_text=prompt_text if log_prompts else None, log=log,
+    )
     return status
 
 
 def _row(c: Completion, stats: RunStats) -> dict[str, Any]:
     return {"index": c.index, "text": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason,
             "stats": stats.to_dict()}
-
-
-def _log(s, argv, prompt, target, draft_source, record, status, started) -> None:
-    from . import runlog
-
-    runlog.append_safely(
-        command=argv, settings=record["settings"], profile=s.profile, model=s.values["model"],
-        draft=s.values["draft_model"] or draft_source, prompt=prompt, stats=record, status=status, started=started,
-    )

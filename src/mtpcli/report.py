@@ -1,0 +1,127 @@
+"""Views over the run log for `mtpcli stats`, and the one table printer every command uses."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import time
+from datetime import datetime
+from typing import Any, Sequence, TextIO
+
+from .errors import UsageError
+
+METRICS = ("tokens_per_cycle", "acceptance_rate", "decode_tps", "prefill_tps", "ttft_s", "generated_tokens")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None,
+          tty: bool | None = None, title: str | None = None) -> None:
+    """A rich table on a terminal; aligned plain text otherwise."""
+    out = out or sys.stdout
+    tty = out.isatty() if tty is None else tty
+    cells = [[_fmt(c) for c in r] for r in rows]
+    if tty:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=title, title_justify="left")
+        for h in headers:
+            t.add_column(h)
+        for r in cells:
+            t.add_row(*r)
+        Console(file=out, force_terminal=True).print(t)
+        return
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    if title:
+        print(title, file=out)
+    print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)).rstrip(), file=out)
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
+    return str(x)
+
+
+def parse_since(text: str) -> float:
+    """'30m', '2h', '7d' ago, or an ISO date/time."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if m:
+        return time.time() - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise UsageError(f"--since {text!r}: give a duration like 2h or 7d, or an ISO date like 2026-11-29") from None
+
+
+def when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def recent_rows(records: list[dict]) -> tuple[list[str], list[list[Any]]]:
+    headers = ["id", "time", "profile", "model", "law", "tokens", "tokens/cycle", "acceptance", "decode tok/s"]
+    rows = [[r["id"], when(r["time"]), r["profile"], r["model"], r["settings"].get("law"),
+             r["stats"]["generated_tokens"], r["stats"]["tokens_per_cycle"], r["stats"]["acceptance_rate"],
+             r["stats"]["decode_tps"]] for r in records]
+    return headers, rows
+
+
+def aggregate(records: list[dict]) -> dict[str, Any]:
+    st = [r["stats"] for r in records]
+    drafted = sum(s["drafted"] for s in st)
+    med = lambda key: statistics.median(s[key] for s in st) if st else None  # noqa: E731
+    return {
+        "runs": len(st),
+        "tokens": sum(s["generated_tokens"] for s in st),
+        "median_tokens_per_cycle": med("tokens_per_cycle"),
+        "acceptance": sum(s["accepted"] for s in st) / drafted if drafted else 0.0,
+        "median_decode_tps": med("decode_tps"),
+        "median_prefill_tps": med("prefill_tps"),
+        "median_ttft_s": med("ttft_s") if all(s["ttft_s"] is not None for s in st) else None,
+    }
+
+
+def group_by(records: list[dict], field: str) -> dict[str, dict[str, Any]]:
+    if field not in ("profile", "model", "draft"):
+        raise UsageError(f"--by {field!r}: choose profile, model or draft")
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(str(r[field]), []).append(r)
+    return {k: aggregate(v) for k, v in sorted(groups.items())}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
+    """Rows of metric, A, B, B/A."""
+    rows = []
+    for key in a:
+        va, vb = a[key], b[key]
+        ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
+        rows.append([key, va, vb, ratio])
+    return rows
+
+
+def plot(stats: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'mtpcli[plot]' (or pip install matplotlib)") from None
+    fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+    for a, key, title in ((ax[0, 0], "accept_length_hist", "accept length"), (ax[0, 1], "draft_width_hist", "draft width")):
+        h = stats.get(key, {})
+        a.bar([int(k) for k in h], list(h.values()))
+        a.set_title(title)
+    pos = stats.get("accept_by_position", [])
+    ax[1, 0].bar(range(len(pos)), pos)
+    ax[1, 0].set_title("acceptance by draft position")
+    ax[1, 0].set_ylim(0, 1)
+    ax[1, 1].plot(stats.get("tokens_per_cycle_trace", []))
+    ax[1, 1].set_title("tokens per cycle over the run")
+    fig.tight_layout()
+    fig.savefig(path)
