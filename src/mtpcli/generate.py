@@ -144,6 +144,9 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
     if limit and len(prompt) >= limit:
         raise UsageError(f"prompt is {len(prompt)} tokens, longer than the model's context of {limit} tokens")
     engine = build_engine(s, target, draft)
+    if os.environ.get("MTPCLI_BLAS_HINT") and not quiet:
+        err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
+            "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
     law = engine.cfg.law
     draft_source = "model" if draft else "none"
     if law == "typical":

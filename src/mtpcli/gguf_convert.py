@@ -1,1 +1,246 @@
-def cached_conversion(path): raise NotImplementedError
+"""GGUF -> mlx-lm folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
+
+Reads and dequantizes every quant type through the `gguf` package, undoes llama.cpp's changes
+(q/k row permutation of the llama family, Gemma's 1+w norm weights), and rebuilds the tokenizer from
+the GGUF metadata without torch. Supported families: llama, qwen2, gemma3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelError, UsageError
+
+SUPPORTED = ("llama", "qwen2", "gemma3")
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+}
+GEMMA_LAYER_NAMES = {**LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                     "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v
+
+
+def hf_name(gguf_name: str, arch: str) -> str | None:
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4:
+        names = GEMMA_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
+        if parts[2] in names:
+            return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+    return None  # e.g. rope_freqs: derived, not a weight
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its converter's `permute`)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row permutation (used by the tests to write GGUFs as llama.cpp does)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_config(reader) -> dict[str, Any]:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED:
+        raise ModelError(f"GGUF architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED)})")
+    g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    hidden, n_head = int(g("embedding_length")), int(g("attention.head_count"))
+    config: dict[str, Any] = {
+        "model_type": {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}[arch],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(g("block_count")),
+        "intermediate_size": int(g("feed_forward_length")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": int(g("attention.head_count_kv", n_head)),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "vocab_size": int(embd.shape[1]),
+        "max_position_embeddings": int(g("context_length", 4096)),
+        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+    }
+    key_len = g("attention.key_length")
+    if key_len:
+        config["head_dim"] = int(key_len)
+    if arch == "gemma3":  # what the GGUF does not carry (../shared/models.md)
+        config.update(sliding_window=int(g("attention.sliding_window", 512)), sliding_window_pattern=6,
+                      rope_local_base_freq=10000.0, query_pre_attn_scalar=256)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        config["eos_token_id"] = int(eos)
+    return config
+
+
+def read_weights(reader, config: dict[str, Any], progress=None) -> dict[str, np.ndarray]:
+    from gguf.quants import dequantize
+
+    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
+    out = {}
+    for t in reader.tensors:
+        name = hf_name(t.name, arch)
+        if name is None:
+            continue
+        w = dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape([int(x) for x in reversed(t.shape)])
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            w = unpermute(w, config["num_attention_heads"])
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            w = unpermute(w, config["num_key_value_heads"])
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - 1.0  # GGUF stores 1 + w; the MLX model adds the 1 itself
+        out[name] = w
+        if progress:
+            progress()
+    return out
+
+
+def build_tokenizer(reader, arch: str):
+    """A `tokenizers.Tokenizer` and the tokenizer_config entries, from GGUF metadata (no torch)."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    except ImportError:  # transformers < 5
+        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    meta = {k: _field(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
+    tdict = {name: meta[f"tokenizer.{key}"] for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+             if f"tokenizer.{key}" in meta}
+    tok, _ = convert_gguf_tokenizer(arch, tdict)
+    tokens = tdict["tokens"]
+    cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
+                      ("pad_token", "padding_token_id")):
+        idx = meta.get(f"tokenizer.ggml.{key}")
+        if idx is not None and 0 <= int(idx) < len(tokens):
+            cfg[name] = tokens[int(idx)]
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    if add_bos is not None:
+        cfg["add_bos_token"] = bool(add_bos)
+    if meta.get("tokenizer.chat_template"):
+        cfg["chat_template"] = meta["tokenizer.chat_template"]
+    return tok, cfg
+
+
+def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: int | None = None,
+            q_group_size: int = 64, quiet: bool = False) -> Path:
+    """Write an mlx-lm folder for the GGUF file `src` at `dst` (atomically: a temp folder, then rename)."""
+    import mlx.core as mx
+    from gguf import GGUFReader
+
+    src, dst = Path(src), Path(dst)
+    if not src.is_file():
+        raise UsageError(f"{src}: no such GGUF file")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise UsageError(f"--dtype {dtype}: choose float32, float16 or bfloat16")
+    if q_bits not in (None, 4, 8):
+        raise UsageError(f"--q-bits {q_bits}: choose 4 or 8")
+    try:
+        reader = GGUFReader(src)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"{src}: not a readable GGUF file ({e})") from None
+    config = read_config(reader)
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        bar = _progress(len(reader.tensors), f"converting {src.name}", quiet)
+        weights = read_weights(reader, config, bar.advance if bar else None)
+        if bar:
+            bar.close()
+        arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
+        del weights
+        arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
+        tok, tok_cfg = build_tokenizer(reader, arch)
+        tok.save(str(tmp / "tokenizer.json"))
+        tok_cfg["model_max_length"] = config["max_position_embeddings"]
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
+        if "chat_template" in tok_cfg:
+            (tmp / "chat_template.jinja").write_text(tok_cfg["chat_template"])
+        if q_bits:
+            arrays, config = _quantize(arrays, config, q_bits, q_group_size)
+        mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": "mlx"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if dst.exists():
+            shutil.rmtree(dst)
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+def _quantize(arrays, config, bits, group_size):
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    model.load_weights(list(arrays.items()), strict=False)
+    nn.quantize(model, group_size=group_size, bits=bits)
+    config = {**config, "quantization": {"group_size": group_size, "bits": bits}}
+    return dict(tree_flatten(model.parameters())), config
+
+
+class _Bar:
+    def __init__(self, total: int, label: str):
+        from rich.progress import Progress
+
+        self.p = Progress(transient=True, console=_stderr_console())
+        self.p.start()
+        self.task = self.p.add_task(label, total=total)
+
+    def advance(self, n: int = 1):
+        self.p.advance(self.task, n)
+
+    def close(self):
+        self.p.stop()
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(file=sys.stderr)
+
+
+def _progress(total: int, label: str, quiet: bool):
+    return None if quiet or not sys.stderr.isatty() else _Bar(total, label)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpcli" / "models"
+
+
+def cached_conversion(path: Path) -> Path:
+    """Convert a GGUF file once; later calls reuse the cached folder (keyed by file identity)."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    dst = cache_dir() / f"gguf-{path.stem}-{key}"
+    if not (dst / "config.json").is_file():
+        print(f"mtpcli: converting {path} to an MLX folder (once) ...", file=sys.stderr)
+        convert(path, dst)
+    return dst

@@ -84,7 +84,14 @@ def max_context(config: dict) -> int | None:
     return max_context(text) if isinstance(text, dict) else None
 
 
-def describe(loaded: Loaded) -> str:
-    cfg = loaded.config
-    return json.dumps({"name": loaded.name, "type": cfg.get("model_type"), "layers": cfg.get("num_hidden_layers"),
-                       "hidden": cfg.get("hidden_size")})
+def read_config(folder: Path | str) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ModelError(f"'{folder}' is not a local model folder (no config.json); inspect works on folders and aliases")
+    return json.loads(path.read_text())
+
+
+def draft_sources(folder: Path | str, config: dict) -> list[str]:
+    """The draft sources mtpcli can use with this checkpoint as the target."""
+    sources = ["model (with --draft-model)", "none"]
+    return sources
