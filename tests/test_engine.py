@@ -8,6 +8,7 @@ from mtpcli import verify
 from mtpcli.controller import EmaController, FixedWidth
 from mtpcli.drafters import NoDraft
 from mtpcli.drafters.model import ModelDrafter
+from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine
 from mtpcli.sampling import SamplingParams, probs
 from stattools import fits
@@ -18,7 +19,10 @@ PROMPTS = ["def fib(n):", "the sea is ", "x = 1\ny = ", "abc"]
 def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, **cfg):
     target, dmodel = tiny
     ids = list(target.tokenizer.encode(prompt))
-    drafter = ModelDrafter(dmodel.model, p_min=p_min) if draft else NoDraft()
+    if draft == "ngram":
+        drafter = NgramDrafter(1, 3)
+    else:
+        drafter = ModelDrafter(dmodel.model, p_min=p_min) if draft else NoDraft()
     ctrl = controller or FixedWidth(width if draft else 0)
     eos = target.tokenizer.eos_token_ids if eos is None else eos
     eng = Engine(target.model, drafter, ctrl, eos, DecodeConfig(**cfg))
@@ -37,6 +41,8 @@ def test_greedy_speculative_equals_plain_decoding(tiny, prompt):
         assert eng.stats.cycles < eng.stats.generated_tokens  # it really speculated
     adaptive, _ = decode(tiny, prompt, controller=EmaController(1, 6), max_tokens=48)
     assert adaptive == plain
+    ngram, _ = decode(tiny, prompt, draft="ngram", max_tokens=48)
+    assert ngram == plain
 
 
 def test_same_seed_same_output_and_seed_matters(tiny):
@@ -131,3 +137,25 @@ def test_negative_control_a_wrong_law_fails_the_same_test(tiny, monkeypatch):
     monkeypatch.setattr(verify, "exact", wrong)
     first, second, _ = sampled_pairs(tiny, sp)
     assert not (fits(np.bincount(first, minlength=len(p1)), p1) and fits(np.bincount(second, minlength=len(p1)), p2))
+
+
+def test_ngram_drafting_is_exact_at_t1(tiny):
+    sp = SamplingParams(temp=1.0, top_k=12)
+    target, _ = tiny
+    prompt = "abcabcabcab"
+    ids = list(target.tokenizer.encode(prompt))
+    p1, p2 = target_marginals(target, ids, sp)
+    outs, eng = decode(tiny, prompt, draft="ngram", width=3, n=N, max_tokens=3, sampling=sp, eos=())
+    arr = np.array([o[:2] for o in outs])
+    assert eng.stats.reached[0] == eng.stats.cycles or eng.stats.reached[0] > N / 2  # it proposed
+    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
+    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+
+
+def test_ngram_proposes_the_continuation_of_the_latest_match():
+    d = NgramDrafter(1, 3)
+    ctx = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
+    prop = d.propose(ctx, 3, None, None)
+    assert prop.tokens.tolist() == [9, 2, 5] and prop.q is None  # latest "5 6 7" was followed by 9
+    assert d.propose([1, 2, 3], 3, None, None).k == 0  # no earlier occurrence: nothing proposed
+    assert d.propose(ctx, 0, None, None).k == 0

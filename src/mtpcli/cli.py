@@ -246,6 +246,48 @@ def profile_path():
     print(f"config:  {profiles.config_file()}")
 
 
+@app.command("bench")
+def bench_cmd(
+    model: str = typer.Option(..., "--model", "-m", help=_h("model")),
+    draft_model: Optional[str] = _opt("draft_model"),
+    draft: Optional[str] = _opt("draft"),
+    profiles_: str = typer.Option("exact", "--profiles", help="Comma-separated profiles, one arm each; the first is the reference."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds 0..N-1, each run on every prompt."),
+    prompts: str = typer.Option(..., "--prompts", help="A folder of .txt prompts, a .jsonl file of {\"prompt\"}, or one text file."),
+    max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens per run."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="Cut or repeat every prompt to N tokens."),
+    baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Add an arm: ar (plain decoding) or mlx-lm (its speculative decoding)."),
+    temp: Optional[float] = _opt("temp"),
+    top_p: Optional[float] = _opt("top_p"),
+    top_k: Optional[int] = _opt("top_k"),
+    num_draft_tokens: Optional[int] = _opt("num_draft_tokens"),
+    chat: Optional[bool] = _bool_opt("chat", "--no-chat"),
+    as_json: bool = typer.Option(False, "--json", help="Print the full result (with every output) as JSON on stdout."),
+    out: Optional[str] = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    no_log: bool = typer.Option(False, "--no-log", help="Do not log the arms to the run log."),
+):
+    """Compare arms (profiles and baselines) on the same prompts and seeds; prints ratios to the first arm."""
+    import json
+
+    from . import bench as b
+
+    for x in baseline or []:
+        if x not in ("ar", "mlx-lm"):
+            raise UsageError(f"--baseline {x!r}: choose ar or mlx-lm")
+    flags = dict(temp=temp, top_p=top_p, top_k=top_k, num_draft_tokens=num_draft_tokens, chat=chat)
+    result = b.bench(model=model, draft_model=draft_model, draft=draft,
+                     profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompts=prompts,
+                     max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
+                     argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        b.render(result)
+
+
 # ---- models ------------------------------------------------------------------------------------
 
 @models_app.command("list")

@@ -66,6 +66,7 @@ def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -
 
 def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None) -> Engine:
     from .drafters.model import ModelDrafter
+    from .drafters.ngram import NgramDrafter
 
     v = s.values
     config = DecodeConfig(
@@ -73,10 +74,13 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
         max_tokens=v["max_tokens"], seed=v["seed"], typical_threshold=v["typical_threshold"],
         typical_eps=v["typical_eps"], prefill_step=v["prefill_step"],
     )
-    if draft is None:
+    if v["draft"] == "none":
         drafter, controller = NoDraft(), FixedWidth(0)
     else:
-        drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
+        if v["draft"] == "ngram":
+            drafter = NgramDrafter(v["ngram_min"], v["ngram_max"])
+        else:
+            drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
         if v["adaptive"]:
             controller = EmaController(v["n_min"], v["n_max"], v["ema_alpha"], v["ema_probe"], v["ema_init"])
         else:
@@ -148,7 +152,7 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
         err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
             "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
     law = engine.cfg.law
-    draft_source = "model" if draft else "none"
+    draft_source = v["draft"]
     if law == "typical":
         err(f"{TYPICAL_TAG} threshold={v['typical_threshold']} eps={v['typical_eps']}")
     fmt = v["format"]

@@ -58,8 +58,8 @@ def _choice(*options):
 SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("model", str, "smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache)."),
     Key("draft_model", str, None, "Draft model (same tokenizer as the target); implies draft = \"model\"."),
-    Key("draft", str, "auto", "Draft source: model, none, or auto (model when a draft model is given, else none).",
-        _choice("auto", "model", "none"), "one of auto, model, none"),
+    Key("draft", str, "auto", "Draft source: model, ngram, none, or auto (model with a draft model, else ngram).",
+        _choice("auto", "model", "ngram", "none"), "one of auto, model, ngram, none"),
     Key("num_draft_tokens", int, 4, "Draft width: tokens drafted per verify cycle.", _rng(1, 64), "1..64"),
     Key("max_tokens", int, 256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1"),
     Key("temp", float, 0.0, "Sampling temperature; 0 is greedy.", _rng(0.0), ">= 0", "--temp"),
@@ -79,6 +79,8 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
         "--spec-draft-n-max"),
     Key("p_min", float, 0.0, "Draft confidence floor: stop drafting below this draft probability; 0 = off.",
         _rng(0.0, 1.0, hi_open=True), "[0, 1)", "--spec-draft-p-min"),
+    Key("ngram_min", int, 2, "Shortest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16"),
+    Key("ngram_max", int, 4, "Longest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16"),
     Key("ema_alpha", float, 0.25, "EMA weight of a partial accept.", _rng(0.0, 1.0, lo_open=True), "(0, 1]"),
     Key("ema_probe", float, 1.0, "EMA upward probe after a full (censored) accept.", _rng(0.0, lo_open=True), "> 0"),
     Key("ema_init", float, 2.0, "EMA initial estimate, reset per prompt.", _rng(0.0, lo_open=True), "> 0"),
@@ -247,8 +249,10 @@ def resolve(profile: str | None, flags: dict[str, Any], env: dict[str, str] | No
             values[key], origins[key] = spec.default, "default"
     if values["n_max"] is None:
         values["n_max"] = values["num_draft_tokens"]
-    if values["draft_model"] and values["draft"] == "auto":
-        values["draft"] = "model"
+    if values["draft"] == "auto":
+        values["draft"] = "model" if values["draft_model"] else "ngram"
+    if values["ngram_min"] > values["ngram_max"]:
+        raise UsageError(f"ngram_min ({values['ngram_min']}) must not exceed ngram_max ({values['ngram_max']})")
     if values["n_min"] > values["n_max"]:
         raise UsageError(f"--spec-draft-n-min ({values['n_min']}) must not exceed --spec-draft-n-max ({values['n_max']})")
     return Settings(values, origins, prof.name)

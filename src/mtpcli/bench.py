@@ -1,0 +1,203 @@
+"""`mtpcli bench`: arms compared in one run, on the same prompts and seeds, interleaved after a warm-up."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from . import models, profiles, runlog
+from .errors import UsageError
+from .generate import build_engine, encode_prompt, settings_record
+from .stats import RunStats
+
+
+@dataclass
+class Arm:
+    name: str
+    settings: profiles.Settings | None  # None for the mlx-lm baseline
+    kind: str = "mtpcli"  # mtpcli | mlx-lm
+    runs: dict[int, list[RunStats]] = field(default_factory=dict)  # seed -> one RunStats per prompt
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_prompts(source: str) -> list[tuple[str, str]]:
+    """(name, text) pairs: every *.txt in a folder, a .jsonl file of {"prompt": ...}, or one text file."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(path.glob("*.txt"))
+        if not files:
+            raise UsageError(f"--prompts {source}: no .txt files in that folder")
+        return [(f.stem, f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    if not path.is_file():
+        raise UsageError(f"--prompts {source}: no such file or folder")
+    if path.suffix == ".jsonl":
+        rows = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append((f"{path.stem}:{i}", json.loads(line)["prompt"]))
+                except (ValueError, KeyError, TypeError):
+                    raise UsageError(f"--prompts {source}: line {i} is not a JSON object with a 'prompt'") from None
+        return rows
+    return [(path.stem, path.read_text(encoding="utf-8", errors="replace"))]
+
+
+def fit_length(ids: list[int], n: int | None) -> list[int]:
+    if not n:
+        return ids
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int) -> tuple[RunStats, list[int]]:
+    s = profiles.Settings({**arm.settings.values, "seed": seed, "max_tokens": max_tokens}, arm.settings.origins,
+                          arm.settings.profile)
+    engine = build_engine(s, target, draft if s.values["draft"] == "model" else None)
+    mx.reset_peak_memory()
+    tokens = [t for ev in engine.generate(prompt) for t in ev.tokens]
+    return engine.stats, tokens
+
+
+def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int, sp: dict, width: int):
+    """mlx-lm's own speculative decoding (token matching), measured the same way."""
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)
+    mx.reset_peak_memory()
+    sampler = make_sampler(temp=sp["temp"], top_p=sp["top_p"], top_k=sp["top_k"], min_p=sp["min_p"])
+    st = RunStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt))
+    t0 = time.perf_counter()
+    tokens, last_draft_run, first = [], 0, None
+    kw = dict(draft_model=draft.model, num_draft_tokens=width) if draft is not None else {}
+    for r in stream_generate(target.model, target.tokenizer, mx.array(prompt), max_tokens=max_tokens,
+                             sampler=sampler, **kw):
+        if first is None:
+            first = time.perf_counter()
+            st.ttft_s = first - t0
+            st.prefill_s = r.prompt_tokens / r.prompt_tps if r.prompt_tps else 0.0
+        tokens.append(r.token)
+        if r.from_draft:
+            last_draft_run += 1
+        else:  # a target token ends a cycle: the drafts before it were accepted
+            st.record_cycle(width if draft is not None else 0, last_draft_run, last_draft_run + 1)
+            last_draft_run = 0
+        if r.finish_reason:
+            break
+    if last_draft_run:
+        st.record_cycle(width, last_draft_run, last_draft_run)
+    st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)  # as mtpcli: everything after prefill
+    st.peak_memory_bytes = mx.get_peak_memory()
+    return st, tokens
+
+
+def summarize(arm: Arm) -> dict[str, Any]:
+    per_seed = []
+    for seed, runs in sorted(arm.runs.items()):
+        total = runs[0]
+        for r in runs[1:]:
+            total = total.merge(r)
+        per_seed.append(total)
+    def mmm(values):  # noqa: E306
+        values = [v for v in values if v is not None]
+        return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
+    return {
+        "arm": arm.name,
+        "decode_tps": mmm([s.decode_tps for s in per_seed]),
+        "tokens_per_cycle": mmm([s.tokens_per_cycle for s in per_seed]),
+        "acceptance_rate": mmm([s.acceptance_rate for s in per_seed]),
+        "prefill_tps": mmm([s.prefill_tps for s in per_seed]),
+        "ttft_s": mmm([s.ttft_s for s in per_seed]),
+        "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
+        "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
+        "generated_tokens": sum(s.generated_tokens for s in per_seed),
+    }
+
+
+def bench(*, model: str, draft_model: str | None, draft: str | None, profile_names: list[str], seeds: int,
+          prompts: str, max_tokens: int, prompt_tokens: int | None, baselines: list[str], flags: dict[str, Any],
+          argv: list[str], log: bool = True, progress=None) -> dict[str, Any]:
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides.update(model=model, draft_model=draft_model, draft=draft)
+    arms = [Arm(name, profiles.resolve(name, overrides)) for name in profile_names]
+    if "ar" in baselines:
+        arms.append(Arm("ar (plain)", profiles.resolve(profile_names[0], {**overrides, "draft": "none"})))
+    if "mlx-lm" in baselines:
+        if not draft_model:
+            raise UsageError("--baseline mlx-lm needs --draft-model")
+        arms.append(Arm("mlx-lm speculative", profiles.resolve(profile_names[0], overrides), kind="mlx-lm"))
+    target = models.load(model, "target model")
+    dmodel = None
+    if draft_model:
+        dmodel = models.load(draft_model, "draft model")
+        models.check_pair(target, dmodel)
+    texts = read_prompts(prompts)
+    first = arms[0].settings.values
+    encoded = [(name, fit_length(encode_prompt(target.tokenizer, text, first["chat"], first["system"]), prompt_tokens))
+               for name, text in texts]
+
+    def one(arm, ids, seed, n):
+        if arm.kind == "mlx-lm":
+            v = arm.settings.values
+            return run_mlx_lm(arm, target, dmodel, ids, seed, n, v, v["num_draft_tokens"])
+        return run_mtpcli(arm, target, dmodel, ids, seed, n)
+
+    for arm in arms:  # warm-up: compile, page in the weights, fill the allocator
+        one(arm, encoded[0][1], 0, min(8, max_tokens))
+    for seed in range(seeds):
+        for pname, ids in encoded:
+            for arm in arms:  # interleaved: A B C, A B C, ... so drift hits every arm alike
+                st, toks = one(arm, ids, seed, max_tokens)
+                arm.runs.setdefault(seed, []).append(st)
+                arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks,
+                                    "text": target.tokenizer.decode(toks)})
+                if progress:
+                    progress(f"{arm.name} seed={seed} prompt={pname}: {st.decode_tps:.2f} tok/s, "
+                             f"{st.tokens_per_cycle:.2f} tokens/cycle")
+    summaries = [summarize(a) for a in arms]
+    base = summaries[0]["decode_tps"]["median"]
+    for s in summaries:
+        s["ratio"] = s["decode_tps"]["median"] / base if base else None
+    if log:
+        for arm, s in zip(arms, summaries):
+            total = [r for runs in arm.runs.values() for r in runs]
+            agg = total[0]
+            for r in total[1:]:
+                agg = agg.merge(r)
+            rec = {**agg.to_dict(), "settings": {**settings_record(arm.settings, arm.settings.values["draft"],
+                                                                   "mlx-lm" if arm.kind == "mlx-lm" else _law(arm)),
+                                                 "bench_arm": arm.name}}
+            runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,
+                                 draft=draft_model or arm.settings.values["draft"], prompt=encoded[0][1], stats=rec,
+                                 status=0, started=time.time(), log=True)
+    return {"arms": summaries, "outputs": {a.name: a.outputs for a in arms},
+            "config": {"model": model, "draft_model": draft_model, "seeds": seeds, "prompts": [n for n, _ in encoded],
+                       "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "flags": overrides}}
+
+
+def _law(arm: Arm) -> str:
+    v = arm.settings.values
+    if v["temp"] == 0:
+        return "greedy"
+    return "typical" if v["typical_threshold"] > 0 else "exact"
+
+
+def render(result: dict[str, Any], out=None) -> None:
+    from .report import table
+
+    def f(m, fmt="{:.2f}"):  # noqa: E306
+        if not m:
+            return "-"
+        return f"{fmt.format(m['median'])} [{fmt.format(m['min'])}-{fmt.format(m['max'])}]"
+
+    rows = [[s["arm"], f(s["decode_tps"]), f"{s['ratio']:.2f}x" if s["ratio"] else "-", f(s["tokens_per_cycle"]),
+             f(s["acceptance_rate"], "{:.3f}"), f(s["prefill_tps"], "{:.0f}"), f(s["ttft_s"], "{:.3f}"),
+             f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"] for s in result["arms"]]
+    table(["arm", "decode tok/s median [min-max]", "ratio", "tokens/cycle", "acceptance", "prefill tok/s", "TTFT s",
+           "peak mem"], rows, out=out or sys.stdout)
