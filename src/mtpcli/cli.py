@@ -63,6 +63,8 @@ def generate(
     n_min: Optional[int] = _opt("n_min"),
     n_max: Optional[int] = _opt("n_max"),
     p_min: Optional[float] = _opt("p_min"),
+    ngram_min: Optional[int] = _opt("ngram_min"),
+    ngram_max: Optional[int] = _opt("ngram_max"),
     ema_alpha: Optional[float] = _opt("ema_alpha"),
     ema_probe: Optional[float] = _opt("ema_probe"),
     ema_init: Optional[float] = _opt("ema_init"),
