@@ -3,15 +3,57 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from .errors import ModelError
 
 
+class BucketedKVCache(KVCache):
+    """A KV cache whose attention always spans its whole buffer (a multiple of `step` slots), with a mask
+    hiding the slots not yet written. Attention shapes then change once per `step` tokens instead of every
+    cycle, so backends that specialise kernels on shapes (MLX's CUDA backend) stop re-planning each cycle."""
+
+    def _capacity(self, need: int) -> int:
+        have = 0 if self.keys is None else self.keys.shape[2]
+        return max(have, -(-need // self.step) * self.step)
+
+    def update_and_fetch(self, keys, values):
+        prev, n = self.offset, keys.shape[2]
+        cap = self._capacity(prev + n)
+        if self.keys is None or cap > self.keys.shape[2]:
+            B, H, _, dk = keys.shape
+            have = 0 if self.keys is None else self.keys.shape[2]
+            grow_k = mx.zeros((B, H, cap - have, dk), keys.dtype)
+            grow_v = mx.zeros((B, H, cap - have, values.shape[3]), values.dtype)
+            self.keys = grow_k if self.keys is None else mx.concatenate([self.keys, grow_k], axis=2)
+            self.values = grow_v if self.values is None else mx.concatenate([self.values, grow_v], axis=2)
+        self.offset = prev + n
+        self.keys[..., prev : self.offset, :] = keys
+        self.values[..., prev : self.offset, :] = values
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size=None):
+        cap = self._capacity(self.offset + n)
+        rows = mx.arange(self.offset, self.offset + n)[:, None]
+        return rows >= mx.arange(cap)[None]  # causal, and blind to the unwritten slots
+
+
+def plain_kv_cache(cache) -> bool:
+    return all(type(c) is KVCache for c in cache)
+
+
+BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
+
+
 class CachedLM:
-    def __init__(self, model, role: str = "model", prefill_step: int = 512):
+    def __init__(self, model, role: str = "model", prefill_step: int = 512, bucketed: bool | None = None):
         self.model = model
         self.cache = make_prompt_cache(model)
+        bucketed = BUCKETED_DEFAULT if bucketed is None else bucketed
+        if bucketed is None:  # by default only where it pays: MLX's CUDA backend
+            bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
+        if bucketed and plain_kv_cache(self.cache):
+            self.cache = [BucketedKVCache() for _ in self.cache]
         if not can_trim_prompt_cache(self.cache):
             kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
             raise ModelError(
