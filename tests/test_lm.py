@@ -25,3 +25,25 @@ def test_bucketed_cache_gives_the_same_logits_and_rolls_back(tiny):
         assert b.cache[0].keys.shape[2] % 8 == 0
     finally:
         BucketedKVCache.step = 256
+
+
+def test_a_cache_that_cannot_be_trimmed_is_one_clear_error():
+    import pytest
+    from mlx_lm.models.cache import ArraysCache
+
+    from mtpcli.errors import ModelError
+
+    class Recurrent:
+        layers = [0]
+
+        def make_cache(self):
+            return [ArraysCache(2)]
+
+    lm = CachedLM(Recurrent(), role="target model")  # plain decoding of one completion never rolls back
+    with pytest.raises(ModelError, match="cannot be rolled back.*--draft none"):
+        lm.require_rollback()
+    from mtpcli.drafters.ngram import NgramDrafter
+    from mtpcli.engine import Engine
+
+    with pytest.raises(ModelError, match="target model's cache"):
+        Engine(Recurrent(), NgramDrafter())

@@ -132,6 +132,9 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
         if not draft_model:
             raise UsageError("--baseline mlx-lm needs --draft-model")
         arms.append(Arm("mlx-lm speculative", profiles.resolve(profile_names[0], overrides), kind="mlx-lm"))
+    if "mlx-lm-plain" in baselines:
+        arms.append(Arm("mlx-lm plain", profiles.resolve(profile_names[0], {**overrides, "draft": "none"}),
+                        kind="mlx-lm"))
     target = models.load(model, "target model")
     dmodel = None
     if draft_model:
@@ -145,7 +148,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     def one(arm, ids, seed, n):
         if arm.kind == "mlx-lm":
             v = arm.settings.values
-            return run_mlx_lm(arm, target, dmodel, ids, seed, n, v, v["num_draft_tokens"])
+            spec = dmodel if v["draft"] == "model" else None
+            return run_mlx_lm(arm, target, spec, ids, seed, n, v, v["num_draft_tokens"])
         return run_mtpcli(arm, target, dmodel, ids, seed, n)
 
     for arm in arms:  # warm-up: compile, page in the weights, fill the allocator

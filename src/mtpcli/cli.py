@@ -258,7 +258,7 @@ def bench_cmd(
     prompts: str = typer.Option(..., "--prompts", help="A folder of .txt prompts, a .jsonl file of {\"prompt\"}, or one text file."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens per run."),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="Cut or repeat every prompt to N tokens."),
-    baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Add an arm: ar (plain decoding) or mlx-lm (its speculative decoding)."),
+    baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Add an arm: ar (plain decoding), mlx-lm (its speculative decoding) or mlx-lm-plain."),
     temp: Optional[float] = _opt("temp"),
     top_p: Optional[float] = _opt("top_p"),
     top_k: Optional[int] = _opt("top_k"),
@@ -274,8 +274,8 @@ def bench_cmd(
     from . import bench as b
 
     for x in baseline or []:
-        if x not in ("ar", "mlx-lm"):
-            raise UsageError(f"--baseline {x!r}: choose ar or mlx-lm")
+        if x not in ("ar", "mlx-lm", "mlx-lm-plain"):
+            raise UsageError(f"--baseline {x!r}: choose ar, mlx-lm or mlx-lm-plain")
     flags = dict(temp=temp, top_p=top_p, top_k=top_k, num_draft_tokens=num_draft_tokens, chat=chat)
     result = b.bench(model=model, draft_model=draft_model, draft=draft,
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompts=prompts,

@@ -46,6 +46,8 @@ class Engine:
         self.controller = controller or FixedWidth(0)
         self.eos = set(eos_token_ids)
         self.cfg = config
+        if not isinstance(self.drafter, NoDraft):
+            self.target.require_rollback()  # refuse before any decoding, not at the first rejection
         self.runs: list[RunStats] = []  # one per completion; the first also carries the prefill
 
     @property

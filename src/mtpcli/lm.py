@@ -54,12 +54,8 @@ class CachedLM:
             bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
         if bucketed and plain_kv_cache(self.cache):
             self.cache = [BucketedKVCache() for _ in self.cache]
-        if not can_trim_prompt_cache(self.cache):
-            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
-            raise ModelError(
-                f"the {role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected draft; "
-                "speculative decoding of recurrent/hybrid models is not supported yet (use --draft none)"
-            )
+        self.role = role
+        self.trimmable = can_trim_prompt_cache(self.cache)
         self.offset = 0
         self.prefill_step = prefill_step
 
@@ -77,8 +73,17 @@ class CachedLM:
         self.offset += tokens.size
         return logits
 
+    def require_rollback(self) -> None:
+        if not self.trimmable:
+            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
+            raise ModelError(
+                f"the {self.role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected draft; "
+                "speculative decoding and -n > 1 of recurrent/hybrid models are not supported yet (use --draft none)"
+            )
+
     def rollback(self, keep: int) -> None:
         """Cut the cache back to its first `keep` tokens."""
         if keep < self.offset:
+            self.require_rollback()
             trim_prompt_cache(self.cache, self.offset - keep)
             self.offset = keep

@@ -14,6 +14,7 @@ class ModelDrafter:
 
     def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512):
         self.lm = CachedLM(model, role="draft model", prefill_step=prefill_step)
+        self.lm.require_rollback()
         self.p_min = p_min
         self._prompt_offset = 0
         self._proposed_from = 0  # context length when the last proposal was made
