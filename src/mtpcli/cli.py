@@ -60,6 +60,7 @@ def generate(
     typical_threshold: Optional[float] = _opt("typical_threshold"),
     typical_eps: Optional[float] = _opt("typical_eps"),
     adaptive: Optional[bool] = _bool_opt("adaptive", "--no-spec-draft-adaptive"),
+    controller: Optional[str] = _opt("controller"),
     n_min: Optional[int] = _opt("n_min"),
     n_max: Optional[int] = _opt("n_max"),
     p_min: Optional[float] = _opt("p_min"),

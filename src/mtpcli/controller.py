@@ -30,7 +30,7 @@ class FixedWidth:
     def width(self) -> int:
         return self.n
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None) -> None:
         for member, n in enumerate(drafted):
             self.history[member].append(n)
 
@@ -82,7 +82,7 @@ class EmaController:
     def width(self) -> int:
         return max(self.member_width(m) for m in range(self.batch))
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             if n <= 0:
@@ -96,3 +96,81 @@ class EmaController:
 
     def estimate(self, member: int = 0) -> float:
         return self.estimates[member]
+
+
+@dataclass
+class CostAwareController:
+    """Width that maximises expected committed tokens per second of measured cycle time.
+
+    Per sequence it keeps a conditional acceptance estimate for every draft position (a Beta-style mean:
+    position i is observed only in cycles that reached it, so a short draft censors nothing it did not
+    reach). Cycle time is modelled as t(k) = base + per_token * k, fitted online from measured cycles. The
+    batch drafts the ONE width k in [n_min, n_max] maximising mean_members E[tokens | k] / t(k), where
+    E[tokens | k] = 1 + sum_{j<=k} prod_{i<=j} a_i.
+    """
+
+    n_min: int = 1
+    n_max: int = 8
+    prior: float = 0.7  # prior acceptance per position
+    prior_weight: float = 2.0
+    batch: int = 1
+    history: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.n_min < 1 or self.n_min > self.n_max:
+            raise ValueError(f"need 1 <= n_min ({self.n_min}) <= n_max ({self.n_max})")
+        self.reset()
+
+    def reset(self, member: int | None = None) -> None:
+        fresh = lambda: ([0.0] * self.n_max, [0.0] * self.n_max)  # noqa: E731  (accepted, reached) per position
+        if member is None:
+            self.counts = [fresh() for _ in range(self.batch)]
+            self.history = [[] for _ in range(self.batch)]
+            self._times: list[tuple[int, float]] = []
+        else:
+            self.counts[member] = fresh()
+            self.history[member] = []
+
+    def acceptance(self, member: int = 0) -> list[float]:
+        acc, reached = self.counts[member]
+        return [(a + self.prior * self.prior_weight) / (r + self.prior_weight) for a, r in zip(acc, reached)]
+
+    def expected_tokens(self, k: int, member: int = 0) -> float:
+        total, run = 1.0, 1.0
+        for a in self.acceptance(member)[:k]:
+            run *= a
+            total += run
+        return total
+
+    def cycle_time(self, k: int) -> float:
+        """Least-squares line through the recent (width, seconds) samples; 1 + k/4 before any is seen."""
+        pts = self._times[-64:]
+        if len({w for w, _ in pts}) < 2:
+            mean = sum(s for _, s in pts) / len(pts) if pts else 1.0
+            return mean * (1 + k / 4) / (1 + (pts[0][0] if pts else 0) / 4)
+        n = len(pts)
+        mx_ = sum(w for w, _ in pts) / n
+        my = sum(s for _, s in pts) / n
+        slope = sum((w - mx_) * (s - my) for w, s in pts) / sum((w - mx_) ** 2 for w, _ in pts)
+        slope = max(slope, 0.0)
+        return max(my + slope * (k - mx_), 1e-9)
+
+    def width(self) -> int:
+        def score(k):
+            return sum(self.expected_tokens(k, m) for m in range(self.batch)) / self.cycle_time(k)
+        return max(range(self.n_min, self.n_max + 1), key=score)
+
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None) -> None:
+        for member, (n, a) in enumerate(zip(drafted, accepted)):
+            self.history[member].append(n)
+            acc, reached = self.counts[member]
+            for i in range(min(n, self.n_max)):
+                if i > a:
+                    break  # positions past the first rejection were not tested
+                reached[i] += 1
+                acc[i] += i < a
+        if seconds is not None and drafted:
+            self._times.append((max(drafted), seconds))
+
+    def estimate(self, member: int = 0) -> float:
+        return self.expected_tokens(self.width(), member) - 1.0

@@ -105,7 +105,7 @@ class Engine:
             self.target.rollback(self.target.offset - proposal.k + n_acc)
             self.drafter.commit(context, proposal, n_acc)
             context.extend(new)
-            self.controller.update([proposal.k], [n_acc])
+            self.controller.update([proposal.k], [n_acc], seconds=time.perf_counter() - t_cycle)
             run.floor_cut += proposal.k < proposal.requested
             run.record_cycle(proposal.k, n_acc, len(new))
             run.decode_s += time.perf_counter() - t_cycle

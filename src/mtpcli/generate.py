@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import models
-from .controller import EmaController, FixedWidth
+from .controller import CostAwareController, EmaController, FixedWidth
 from .drafters import NoDraft
 from .engine import DecodeConfig, Engine
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, ModelError, UsageError
@@ -81,7 +81,9 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
             drafter = NgramDrafter(v["ngram_min"], v["ngram_max"])
         else:
             drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
-        if v["adaptive"]:
+        if v["adaptive"] and v["controller"] == "cost":
+            controller = CostAwareController(v["n_min"], v["n_max"])
+        elif v["adaptive"]:
             controller = EmaController(v["n_min"], v["n_max"], v["ema_alpha"], v["ema_probe"], v["ema_init"])
         else:
             controller = FixedWidth(v["num_draft_tokens"])

@@ -74,6 +74,8 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
         _rng(0.0, 1.0, lo_open=True), "(0, 1]"),
     Key("adaptive", bool, False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
         flag="--spec-draft-adaptive"),
+    Key("controller", str, "ema", "Adaptive width policy: ema (censoring-aware EMA) or cost (tokens per second).",
+        _choice("ema", "cost"), "one of ema, cost", "--spec-draft-controller"),
     Key("n_min", int, 1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min"),
     Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens).", _rng(1, 64), "1..64",
         "--spec-draft-n-max"),
