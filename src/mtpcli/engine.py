@@ -73,6 +73,7 @@ class Engine:
         self.drafter.begin(prompt)
         prefill_s = time.perf_counter() - t0
         prompt_offset = self.target.offset
+        self.target.mark(base=True)  # recurrent targets: the state to come back to for each completion
         key = mx.random.key(self.cfg.seed)
         for c in range(n):
             run = self._new_run(len(prompt))
@@ -121,6 +122,8 @@ class Engine:
     def _verify(self, last: int, proposal: Proposal, key: mx.array, run: RunStats) -> tuple[int, int]:
         """One target pass over [last, drafts...]; the acceptance law; ONE host synchronisation."""
         inputs = mx.concatenate([mx.array([last], mx.int32), proposal.tokens.astype(mx.int32)])
+        if proposal.k:
+            self.target.mark()  # recurrent targets: snapshot before verify (no-op otherwise)
         logits = self.target.forward(inputs)  # (1, k+1, V)
         drafts = proposal.tokens[None]
         law, sp = self.cfg.law, self.cfg.sampling

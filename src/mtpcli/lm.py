@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from .errors import ModelError
 
@@ -56,7 +56,14 @@ class CachedLM:
             self.cache = [BucketedKVCache() for _ in self.cache]
         self.role = role
         self.trimmable = can_trim_prompt_cache(self.cache)
+        # Recurrent state (gated-delta, Mamba: ArraysCache) cannot be cut back; it is snapshotted instead, and a
+        # rollback restores the snapshot and replays the kept tokens through the model.
+        self.snapshottable = all(c.is_trimmable() or isinstance(c, ArraysCache) for c in self.cache)
         self.offset = 0
+        self._snaps: dict[int, list] = {}  # offset -> recurrent states at that offset
+        self._fed: list[mx.array] = []  # tokens fed since the oldest snapshot, for replay
+        self._fed_from = 0
+        self.replayed_tokens = 0
         self.prefill_step = prefill_step
 
     def prefill(self, tokens: list[int]) -> None:
@@ -71,18 +78,54 @@ class CachedLM:
         """Append `tokens` (n,) to the cache and return their next-token logits, shape (1, n, V)."""
         logits = self.model(tokens.reshape(1, -1), cache=self.cache)
         self.offset += tokens.size
+        if self._snaps:
+            self._fed.append(tokens.reshape(-1))
         return logits
 
     def require_rollback(self) -> None:
-        if not self.trimmable:
+        if not (self.trimmable or self.snapshottable):
             kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
             raise ModelError(
                 f"the {self.role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected draft; "
-                "speculative decoding and -n > 1 of recurrent/hybrid models are not supported yet (use --draft none)"
+                "speculative decoding and -n > 1 of this model are not supported (use --draft none)"
             )
+
+    def mark(self, base: bool = False) -> None:
+        """Remember the recurrent state at the current offset (no-op for trimmable caches). A base mark
+        (after the prompt) stays until the next base mark; any other mark replaces the previous one."""
+        if self.trimmable:
+            return
+        state = [list(c.cache) if isinstance(c, ArraysCache) else None for c in self.cache]
+        if base or not self._snaps:
+            self._snaps, self._fed, self._fed_from = {self.offset: state}, [], self.offset
+        else:
+            first = min(self._snaps)
+            self._snaps = {first: self._snaps[first], self.offset: state}
+
+    def _replay_to(self, keep: int) -> None:
+        self.require_rollback()
+        at = max((o for o in self._snaps if o <= keep), default=None)
+        if at is None:
+            raise ModelError(f"the {self.role} cannot roll back to {keep} tokens: no snapshot at or before it")
+        for c, saved in zip(self.cache, self._snaps[at]):
+            if saved is not None:
+                c.cache = list(saved)
+            elif c.is_trimmable():
+                c.trim(self.offset - at)
+        fed = mx.concatenate(self._fed) if self._fed else mx.zeros((0,), mx.int32)
+        replay = fed[at - self._fed_from : keep - self._fed_from]
+        self._fed = [fed[: keep - self._fed_from]]
+        self.offset = at
+        if replay.size:
+            self.model(replay.reshape(1, -1), cache=self.cache)
+            self.offset += replay.size
+            self.replayed_tokens += replay.size
 
     def rollback(self, keep: int) -> None:
         """Cut the cache back to its first `keep` tokens."""
+        if keep < self.offset and not self.trimmable:
+            self._replay_to(keep)
+            return
         if keep < self.offset:
             self.require_rollback()
             trim_prompt_cache(self.cache, self.offset - keep)

@@ -93,5 +93,7 @@ def read_config(folder: Path | str) -> dict:
 
 def draft_sources(folder: Path | str, config: dict) -> list[str]:
     """The draft sources mtpcli can use with this checkpoint as the target."""
-    sources = ["model (with --draft-model)", "none"]
+    sources = ["model (with --draft-model)", "ngram", "none"]
+    if any(k in config for k in ("linear_num_value_heads", "ssm_cfg", "state_size", "mamba_d_state")):
+        sources.append("(recurrent layers: a rejected draft restores a snapshot and replays the kept tokens)")
     return sources

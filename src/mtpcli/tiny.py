@@ -74,3 +74,27 @@ def noisy_copy(src: str | Path, dst: str | Path, noise: float = 0.1, seed: int =
 def _save(model, config: dict, path: Path) -> None:
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (path / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def make_hybrid_model(path: str | Path, seed: int = 0, logit_scale: float = 4.0) -> Path:
+    """A tiny Qwen3-Next-style hybrid: gated-delta (recurrent) layers between attention layers."""
+    from mlx_lm.models import qwen3_next
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32, "mlp_only_layers": [0, 1, 2, 3], "moe_intermediate_size": 32,
+        "rms_norm_eps": 1e-6, "vocab_size": len(VOCAB), "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+        "max_position_embeddings": 256, "full_attention_interval": 2, "tie_word_embeddings": False,
+        "eos_token_id": 1,
+    }
+    mx.random.seed(seed)
+    model = qwen3_next.Model(qwen3_next.ModelArgs.from_dict(config))
+    model.lm_head.weight = model.lm_head.weight * logit_scale
+    _save(model, config, path)
+    write_tokenizer(path)
+    return path
