@@ -89,6 +89,8 @@ def test_num_completions_prefill_once_and_differ(gen):
     texts = [c["text"] for c in doc["completions"]]
     assert len(texts) == 3 and len(set(texts)) > 1
     assert doc["stats"]["prefill_tps"] > 0
+    text = gen("-n", 3, "--temp", "1", "--separator", "\n@@\n", "-q", "--no-chat").stdout.decode()
+    assert text.count("\n@@\n") == 2 and text.endswith("\n")
 
 
 def test_typical_warning_present_when_on_absent_when_off(gen, tiny_paths):

@@ -124,8 +124,8 @@ class Completion:
 class Output:
     """Writes generated text (or JSON) to stdout; detects a closed pipe."""
 
-    def __init__(self, fmt: str, separator: str, out: TextIO):
-        self.fmt, self.sep, self.out = fmt, separator, out
+    def __init__(self, out: TextIO):
+        self.out = out
         self.closed = False
 
     def write(self, text: str) -> None:
@@ -158,41 +158,10 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
     if law == "typical":
         err(f"{TYPICAL_TAG} threshold={v['typical_threshold']} eps={v['typical_eps']}")
     fmt = v["format"]
-    output = Output(fmt, separator, out)
-    detok = target.tokenizer.detokenizer
-    completions = [Completion(i) for i in range(n)]
-    status, interrupted = 0, False
+    output = Output(out)
     started = time.time()
-    last = 0
-    try:
-        for ev in engine.generate(prompt, n):
-            c = completions[ev.completion]
-            if fmt == "text" and ev.completion != last:
-                output.write(separator)
-                last = ev.completion
-            c.tokens.extend(ev.tokens)
-            for t in ev.tokens:
-                detok.add_token(t)
-            if ev.finish_reason:
-                detok.finalize()
-                c.finish_reason = ev.finish_reason
-            if fmt == "text":
-                output.write(detok.last_segment)
-            if ev.finish_reason:
-                detok.reset()
-                c.text = target.tokenizer.decode(c.tokens)
-                if fmt == "jsonl":
-                    output.write(json.dumps(_row(c, engine.runs[c.index])) + "\n")
-            if output.closed:
-                break
-    except KeyboardInterrupt:
-        interrupted = True
-        detok.finalize()
-        if fmt == "text":
-            output.write(detok.last_segment)
-        status = EXIT_INTERRUPTED
-    if fmt == "text" and not output.closed:
-        output.write("\n")
+    completions, interrupted = _stream(engine, prompt, n, fmt, separator, output, target.tokenizer)
+    status = EXIT_INTERRUPTED if interrupted else 0
     total = engine.stats
     for c in completions:
         if not c.text and c.tokens:
@@ -231,6 +200,44 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
         prompt_text=prompt_text if log_prompts else None, log=log,
     )
     return status
+
+
+def _stream(engine: Engine, prompt: list[int], n: int, fmt: str, separator: str, output: Output,
+            tokenizer) -> tuple[list[Completion], bool]:
+    """Decode, writing text as it is committed (or a JSONL row per finished completion)."""
+    detok = tokenizer.detokenizer
+    completions = [Completion(i) for i in range(n)]
+    current = 0
+    try:
+        for ev in engine.generate(prompt, n):
+            c = completions[ev.completion]
+            if fmt == "text" and ev.completion != current:
+                output.write(separator)
+                current = ev.completion
+            c.tokens.extend(ev.tokens)
+            for t in ev.tokens:
+                detok.add_token(t)
+            if ev.finish_reason:
+                detok.finalize()
+                c.finish_reason = ev.finish_reason
+            if fmt == "text":
+                output.write(detok.last_segment)
+            if ev.finish_reason:
+                detok.reset()
+                c.text = tokenizer.decode(c.tokens)
+                if fmt == "jsonl":
+                    output.write(json.dumps(_row(c, engine.runs[c.index])) + "\n")
+            if output.closed:
+                break
+    except KeyboardInterrupt:
+        detok.finalize()
+        if fmt == "text":
+            output.write(detok.last_segment)
+        return completions, True
+    finally:
+        if fmt == "text":
+            output.write("\n")
+    return completions, False
 
 
 def _row(c: Completion, stats: RunStats) -> dict[str, Any]:
