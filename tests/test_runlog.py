@@ -63,7 +63,7 @@ def test_aggregates_against_hand_computed():
     assert g["a"]["acceptance"] == pytest.approx(33 / 40)
     assert g["a"]["median_decode_tps"] == statistics.median([100, 150, 90])
     assert g["b"]["acceptance"] == 0.0
-    rows = {r[0]: r for r in report.compare(g["a"], g["b"])}
+    rows = {r[0]: r for r in report.compare_rows(g["a"], g["b"])}
     assert rows["median_decode_tps"][3] == pytest.approx(50 / 100)
 
 

@@ -107,82 +107,18 @@ def stats(
     export: Optional[str] = typer.Option(None, "--export", help="Export records; the only format is jsonl."),
 ):
     """The run log: the last run in full, recent runs, aggregates and comparisons."""
-    import json
-
-    from . import report, runlog
-    from .stats import RunStats, render
+    from . import report
 
     if clear:
         if not yes:
             if not sys.stdin.isatty():
                 raise UsageError("--clear needs --yes when not run from a terminal")
-            if not typer.confirm(f"Delete every record in {runlog.log_path()}?", err=True):
+            if not typer.confirm("Delete every record in the run log?", err=True):
                 raise typer.Exit(1)
-        print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
+        report.clear()
         return
-    if file:
-        try:
-            doc = json.loads(open(file, encoding="utf-8").read())
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
-        _show_run(doc, as_json, plot, f"mtpcli · {file}")
-        return
-    ids = [int(x) for x in compare] if compare and all(x.isdigit() for x in compare) else None
-    records = runlog.query(since=report.parse_since(since) if since else None, model=model, profile=profile)
-    if not records:
-        raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
-    if export:
-        if export != "jsonl":
-            raise UsageError(f"--export {export!r}: the only format is jsonl")
-        for r in records:
-            print(json.dumps(r))
-        return
-    if compare:
-        if len(compare) != 2:
-            raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
-        sides = []
-        for key in compare:
-            picked = [r for r in records if (r["id"] == int(key) if ids else r["profile"] == key)]
-            if not picked:
-                raise UsageError(f"--compare {key}: no matching runs in the log")
-            sides.append(report.aggregate(picked))
-        rows = report.compare(*sides)
-        if as_json:
-            print(json.dumps({"a": compare[0], "b": compare[1], "rows": rows}))
-        else:
-            report.table(["metric", compare[0], compare[1], "ratio B/A"], rows)
-        return
-    if by:
-        groups = report.group_by(records, by)
-        if as_json:
-            print(json.dumps(groups))
-        else:
-            keys = list(next(iter(groups.values())))
-            report.table([by, *keys], [[name, *g.values()] for name, g in groups.items()])
-        return
-    if last:
-        picked = records[-last:]
-        if as_json:
-            print(json.dumps(picked))
-        else:
-            report.table(*report.recent_rows(picked))
-        return
-    _show_run(records[-1]["stats"], as_json, plot, f"mtpcli · run {records[-1]['id']} · {records[-1]['profile']}")
-
-
-def _show_run(doc: dict, as_json: bool, plot: Optional[str], title: str) -> None:
-    import json
-
-    from . import report
-    from .stats import RunStats, render
-
-    if as_json:
-        print(json.dumps(doc))
-    else:
-        render(RunStats.from_dict(doc), sys.stdout, sys.stdout.isatty(), title=title)
-    if plot:
-        report.plot(doc, plot)
-        print(f"wrote {plot}", file=sys.stderr)
+    report.show(last=last, by=by, compare=compare, since=since, model=model, profile=profile, file=file, plot=plot,
+                as_json=as_json, export=export)
 
 
 # ---- profiles ----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import sys
@@ -94,7 +95,7 @@ def group_by(records: list[dict], field: str) -> dict[str, dict[str, Any]]:
     return {k: aggregate(v) for k, v in sorted(groups.items())}
 
 
-def compare(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
     """Rows of metric, A, B, B/A."""
     rows = []
     for key in a:
@@ -125,3 +126,73 @@ def plot(stats: dict[str, Any], path: str) -> None:
     ax[1, 1].set_title("tokens per cycle over the run")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def clear() -> None:
+    from . import runlog
+
+    print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
+
+
+def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
+         as_json=False, export=None) -> None:
+    """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout."""
+    from . import runlog
+
+    if file:
+        try:
+            doc = json.loads(open(file, encoding="utf-8").read())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
+        return _show_run(doc, as_json, plot, f"mtpcli · {file}")
+    records = runlog.query(since=parse_since(since) if since else None, model=model, profile=profile)
+    if not records:
+        raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
+    if export:
+        if export != "jsonl":
+            raise UsageError(f"--export {export!r}: the only format is jsonl")
+        for r in records:
+            print(json.dumps(r))
+    elif compare:
+        if len(compare) != 2:
+            raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
+        by_id = all(x.isdigit() for x in compare)
+        sides = []
+        for key in compare:
+            picked = [r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)]
+            if not picked:
+                raise UsageError(f"--compare {key}: no matching runs in the log")
+            sides.append(aggregate(picked))
+        rows = compare_rows(*sides)
+        if as_json:
+            print(json.dumps({"a": compare[0], "b": compare[1], "rows": rows}))
+        else:
+            table(["metric", compare[0], compare[1], "ratio B/A"], rows)
+    elif by:
+        groups = group_by(records, by)
+        if as_json:
+            print(json.dumps(groups))
+        else:
+            keys = list(next(iter(groups.values())))
+            table([by, *keys], [[name, *g.values()] for name, g in groups.items()])
+    elif last:
+        picked = records[-last:]
+        if as_json:
+            print(json.dumps(picked))
+        else:
+            table(*recent_rows(picked))
+    else:
+        r = records[-1]
+        _show_run(r["stats"], as_json, plot, f"mtpcli · run {r['id']} · {r['profile']}")
+
+
+def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> None:
+    from .stats import RunStats, render
+
+    if as_json:
+        print(json.dumps(doc))
+    else:
+        render(RunStats.from_dict(doc), sys.stdout, sys.stdout.isatty(), title=title)
+    if plot_path:
+        plot(doc, plot_path)
+        print(f"wrote {plot_path}", file=sys.stderr)
