@@ -28,7 +28,10 @@ class Arm:
 
 
 def read_prompts(source: str) -> list[tuple[str, str]]:
-    """(name, text) pairs: every *.txt in a folder, a .jsonl file of {"prompt": ...}, or one text file."""
+    """(name, text) pairs: every *.txt in a folder, a .jsonl file of {"prompt": ...}, or one text file;
+    several of these separated by commas."""
+    if "," in source:
+        return [row for part in source.split(",") if part for row in read_prompts(part)]
     path = Path(source)
     if path.is_dir():
         files = sorted(path.glob("*.txt"))
@@ -160,7 +163,9 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
                 st, toks = one(arm, ids, seed, max_tokens)
                 arm.runs.setdefault(seed, []).append(st)
                 arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks,
-                                    "text": target.tokenizer.decode(toks)})
+                                    "text": target.tokenizer.decode(toks),
+                                    "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
+                                                                          "decode_tps", "draft_width_hist")}})
                 if progress:
                     progress(f"{arm.name} seed={seed} prompt={pname}: {st.decode_tps:.2f} tok/s, "
                              f"{st.tokens_per_cycle:.2f} tokens/cycle")
