@@ -65,15 +65,19 @@ def check_pair(target: Loaded, draft: Loaded) -> None:
             raise ModelError(f"{where}: tokenizer vocabularies differ ({len(dv)} vs {len(tv)} tokens)")
         tok = next(t for t in tv if dv.get(t) != tv[t])
         raise ModelError(f"{where}: token {tok!r} has id {dv.get(tok)} in the draft, {tv[tok]} in the target")
-    t_out, d_out = output_size(target.model), output_size(draft.model)
+    t_out, d_out = output_size(target), output_size(draft)
     if t_out != d_out:
         raise ModelError(f"{where}: output vocabulary sizes differ ({d_out} vs {t_out} logits)")
 
 
-def output_size(model) -> int:
+def output_size(loaded: Loaded) -> int:
+    """Logits per position: from the config when it says, else from one forward pass."""
+    size = loaded.config.get("vocab_size") or (loaded.config.get("text_config") or {}).get("vocab_size")
+    if isinstance(size, int):
+        return size
     import mlx.core as mx
 
-    return int(model(mx.array([[0]])).shape[-1])
+    return int(loaded.model(mx.array([[0]])).shape[-1])
 
 
 def max_context(config: dict) -> int | None:
