@@ -9,10 +9,4 @@ T1="--temp 1.0 --top-p 0.95 --top-k 20"
 run() { name=$1; shift; echo "== $name: mtpcli bench $*" | tee "$out/$name.txt"; mtpcli bench "$@" --out "$out/$name.json" | tee -a "$out/$name.txt"; }
 run code-t1 $M $T1 --profiles exact,typical-0.09,typical-0.20,adaptive --baseline ar --baseline mlx-lm \
     --prompts bench/prompts/code --seeds 3 --max-tokens 48
-run code-t0 $M --temp 0 --profiles exact,adaptive --baseline ar --baseline mlx-lm \
-    --prompts bench/prompts/code --seeds 2 --max-tokens 48
-run prose-t1 $M $T1 --profiles exact --baseline ar --baseline mlx-lm --prompts bench/prompts/prose --seeds 3 --max-tokens 48
-run prose-t0 $M --temp 0 --profiles exact --baseline ar --baseline mlx-lm --prompts bench/prompts/prose --seeds 1 --max-tokens 48
-for c in arithmetic agent-json file-edit json-records novel-code; do
-  run "adaptive-$c" $M --temp 0 --profiles fixed-4,adaptive --prompts "bench/prompts/$c" --seeds 2 --max-tokens 64
-done
+"$(dirname "$0")/cpu_qwen_rest.sh" "$out"
