@@ -24,6 +24,7 @@ class Arm:
     settings: profiles.Settings | None  # None for the mlx-lm baseline
     kind: str = "mtpcli"  # mtpcli | mlx-lm
     runs: dict[int, list[RunStats]] = field(default_factory=dict)  # seed -> one RunStats per prompt
+    steady: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # seed -> (tokens, s) after cycle 1
     outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -63,8 +64,12 @@ def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
                           arm.settings.profile)
     engine = build_engine(s, target, draft if s.values["draft"] == "model" else None)
     mx.reset_peak_memory()
-    tokens = [t for ev in engine.generate(prompt) for t in ev.tokens]
-    return engine.stats, tokens
+    tokens, first = [], None
+    for ev in engine.generate(prompt):
+        tokens.extend(ev.tokens)
+        if first is None:
+            first = (len(tokens), time.perf_counter())
+    return engine.stats, tokens, (len(tokens) - first[0], time.perf_counter() - first[1])
 
 
 def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int, sp: dict, width: int):
@@ -77,7 +82,7 @@ def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
     sampler = make_sampler(temp=sp["temp"], top_p=sp["top_p"], top_k=sp["top_k"], min_p=sp["min_p"])
     st = RunStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt))
     t0 = time.perf_counter()
-    tokens, last_draft_run, first = [], 0, None
+    tokens, last_draft_run, first, first_cycle = [], 0, None, None
     kw = dict(draft_model=draft.model, num_draft_tokens=width) if draft is not None else {}
     for r in stream_generate(target.model, target.tokenizer, mx.array(prompt), max_tokens=max_tokens,
                              sampler=sampler, **kw):
@@ -89,15 +94,18 @@ def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
         if r.from_draft:
             last_draft_run += 1
         else:  # a target token ends a cycle: the drafts before it were accepted
+            if first_cycle is None:
+                first_cycle = (len(tokens), time.perf_counter())
             st.record_cycle(width if draft is not None else 0, last_draft_run, last_draft_run + 1)
             last_draft_run = 0
         if r.finish_reason:
             break
     if last_draft_run:
         st.record_cycle(width, last_draft_run, last_draft_run)
-    st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)  # as mtpcli: everything after prefill
+    st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)
     st.peak_memory_bytes = mx.get_peak_memory()
-    return st, tokens
+    first_cycle = first_cycle or (len(tokens), time.perf_counter())
+    return st, tokens, (len(tokens) - first_cycle[0], time.perf_counter() - first_cycle[1])
 
 
 def summarize(arm: Arm) -> dict[str, Any]:
@@ -110,9 +118,12 @@ def summarize(arm: Arm) -> dict[str, Any]:
     def mmm(values):  # noqa: E306
         values = [v for v in values if v is not None]
         return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
+    # decode tok/s is measured identically for every arm, mtpcli's and mlx-lm's: tokens after the first verify
+    # cycle over the time after it (prefill and the first cycle are in TTFT)
+    steady = [sum(n for n, _ in runs) / max(sum(t for _, t in runs), 1e-9) for _, runs in sorted(arm.steady.items())]
     return {
         "arm": arm.name,
-        "decode_tps": mmm([s.decode_tps for s in per_seed]),
+        "decode_tps": mmm(steady),
         "tokens_per_cycle": mmm([s.tokens_per_cycle for s in per_seed]),
         "acceptance_rate": mmm([s.acceptance_rate for s in per_seed]),
         "prefill_tps": mmm([s.prefill_tps for s in per_seed]),
@@ -160,14 +171,15 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     for seed in range(seeds):
         for pname, ids in encoded:
             for arm in arms:  # interleaved: A B C, A B C, ... so drift hits every arm alike
-                st, toks = one(arm, ids, seed, max_tokens)
+                st, toks, steady = one(arm, ids, seed, max_tokens)
                 arm.runs.setdefault(seed, []).append(st)
+                arm.steady.setdefault(seed, []).append(steady)
                 arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks,
                                     "text": target.tokenizer.decode(toks),
                                     "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
                                                                           "decode_tps", "draft_width_hist")}})
                 if progress:
-                    progress(f"{arm.name} seed={seed} prompt={pname}: {st.decode_tps:.2f} tok/s, "
+                    progress(f"{arm.name} seed={seed} prompt={pname}: {steady[0] / steady[1]:.2f} tok/s, "
                              f"{st.tokens_per_cycle:.2f} tokens/cycle")
     summaries = [summarize(a) for a in arms]
     base = summaries[0]["decode_tps"]["median"]
