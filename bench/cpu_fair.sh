@@ -10,3 +10,4 @@ run() { name=$1; shift; echo "== $name: mtpcli bench $*" | tee "$out/$name.txt";
 run fair-code-t1 $M $T1 --profiles exact,typical-0.09 --baseline ar --baseline mlx-lm \
     --prompts bench/prompts/code/csv_parser.txt --seeds 3 --max-tokens 48
 run fair-code-t0 $M --temp 0 --profiles exact --baseline ar --baseline mlx-lm --prompts bench/prompts/code --seeds 1 --max-tokens 48
+run fair-prose-t1 $M $T1 --profiles exact --baseline ar --baseline mlx-lm --prompts bench/prompts/prose/sea.txt --seeds 2 --max-tokens 48

@@ -10,4 +10,3 @@ P=bench/prompts
 run classes-t0 $M --temp 0 --profiles fixed-4,adaptive,adaptive-cost \
     --prompts $P/arithmetic,$P/agent-json,$P/file-edit,$P/json-records,$P/novel-code --seeds 1 --max-tokens 64
 run code-t0 $M --temp 0 --profiles exact,typical-0.09 --baseline ar --baseline mlx-lm --prompts $P/code --seeds 1 --max-tokens 48
-run prose-t1 $M $T1 --profiles exact --baseline ar --baseline mlx-lm --prompts $P/prose/sea.txt --seeds 2 --max-tokens 48
