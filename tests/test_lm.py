@@ -29,15 +29,18 @@ def test_bucketed_cache_gives_the_same_logits_and_rolls_back(tiny):
 
 def test_a_cache_that_cannot_be_trimmed_is_one_clear_error():
     import pytest
-    from mlx_lm.models.cache import ArraysCache
 
     from mtpcli.errors import ModelError
+
+    class Opaque:  # a state that can neither be trimmed nor snapshotted
+        def is_trimmable(self):
+            return False
 
     class Recurrent:
         layers = [0]
 
         def make_cache(self):
-            return [ArraysCache(2)]
+            return [Opaque()]
 
     lm = CachedLM(Recurrent(), role="target model")  # plain decoding of one completion never rolls back
     with pytest.raises(ModelError, match="cannot be rolled back.*--draft none"):
