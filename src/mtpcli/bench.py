@@ -29,13 +29,13 @@ class Arm:
 
 
 def read_prompts(source: str) -> list[tuple[str, str]]:
-    """(name, text) pairs: every *.txt in a folder, a .jsonl file of {"prompt": ...}, or one text file;
-    several of these separated by commas."""
+    """(name, text) pairs: every *.txt under a folder (recursively), a .jsonl file of {"prompt": ...}, or one
+    text file; several of these separated by commas."""
     if "," in source:
         return [row for part in source.split(",") if part for row in read_prompts(part)]
     path = Path(source)
     if path.is_dir():
-        files = sorted(path.glob("*.txt"))
+        files = sorted(path.rglob("*.txt"))
         if not files:
             raise UsageError(f"--prompts {source}: no .txt files in that folder")
         return [(f.stem, f.read_text(encoding="utf-8", errors="replace")) for f in files]

@@ -1,0 +1,35 @@
+"""`mtpcli bench` on tiny models: arms, baselines, ratios, JSON, logging."""
+
+import json
+
+from mtpcli import bench, runlog
+
+
+def test_bench_runs_every_arm_on_the_same_prompts_and_seeds(tiny_paths, tmp_path):
+    (tmp_path / "p" / "sub").mkdir(parents=True)
+    (tmp_path / "p" / "a.txt").write_text("def fib(n):")
+    (tmp_path / "p" / "sub" / "b.txt").write_text("the sea is ")
+    result = bench.bench(model=str(tiny_paths["target"]), draft_model=str(tiny_paths["draft"]), draft=None,
+                         profile_names=["exact", "typical-0.09"], seeds=2, prompts=str(tmp_path / "p"), max_tokens=12,
+                         prompt_tokens=None, baselines=["ar", "mlx-lm", "mlx-lm-plain"],
+                         flags={"temp": 1.0, "chat": False}, argv=["bench"], log=True)
+    arms = [a["arm"] for a in result["arms"]]
+    assert arms == ["exact", "typical-0.09", "ar (plain)", "mlx-lm speculative", "mlx-lm plain"]
+    assert result["arms"][0]["ratio"] == 1.0
+    assert result["config"]["prompts"] == ["a", "b"]  # found recursively
+    for a in result["arms"]:
+        assert a["decode_tps"]["min"] <= a["decode_tps"]["median"] <= a["decode_tps"]["max"]
+        assert len(result["outputs"][a["arm"]]) == 2 * 2  # seeds x prompts
+    assert result["arms"][2]["tokens_per_cycle"]["median"] == 1.0  # plain decoding
+    logged = runlog.query()
+    assert [r["profile"] for r in logged] == arms
+    json.dumps(result)  # serialisable for --json/--out
+
+
+def test_bench_prompt_sources(tmp_path):
+    f = tmp_path / "rows.jsonl"
+    f.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    t = tmp_path / "one.txt"
+    t.write_text("c")
+    assert [x[1] for x in bench.read_prompts(f"{f},{t}")] == ["a", "b", "c"]
+    assert bench.fit_length([1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]
