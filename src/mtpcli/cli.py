@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import typer  # noqa: E402
 
 from . import profiles  # noqa: E402
-from .errors import EXIT_INTERRUPTED, MtpError, UsageError  # noqa: E402
+from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, MtpError, UsageError  # noqa: E402
 from .profiles import SCHEMA  # noqa: E402
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -314,7 +314,7 @@ def main() -> None:
         print("mtpcli: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
-        sys.exit(141)
+        sys.exit(EXIT_PIPE)
     except Exception as e:  # click's usage errors (typer vendors click), then real bugs
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             if e.format_message():  # (no-args help has no message)
@@ -325,7 +325,7 @@ def main() -> None:
         if os.environ.get("MTPCLI_DEBUG"):
             raise
         print(f"mtpcli: internal error: {type(e).__name__}: {e} (MTPCLI_DEBUG=1 shows the traceback)", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(EXIT_RUNTIME)
 
 
 __all__ = ["app", "main", "UsageError"]

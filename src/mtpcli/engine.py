@@ -121,7 +121,7 @@ class Engine:
 
     def _verify(self, last: int, proposal: Proposal, key: mx.array, run: RunStats) -> tuple[int, int]:
         """One target pass over [last, drafts...]; the acceptance law; ONE host synchronisation."""
-        inputs = mx.concatenate([mx.array([last], mx.int32), proposal.tokens.astype(mx.int32)])
+        inputs = mx.concatenate([mx.array([last], mx.int32), proposal.tokens])
         if proposal.k:
             self.target.mark()  # recurrent targets: snapshot before verify (no-op otherwise)
         logits = self.target.forward(inputs)  # (1, k+1, V)

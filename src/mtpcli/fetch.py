@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,7 +101,3 @@ def _download(alias: Alias, tmp: Path, quiet: bool) -> Path:
         raise ModelError(f"'{alias.name}': checksum mismatch (got {size} bytes, sha256 {digest.hexdigest()[:16]}...); "
                          "nothing was cached")
     return out
-
-
-def remove(name: str) -> None:
-    shutil.rmtree(cached_path(name), ignore_errors=True)

@@ -7,7 +7,6 @@ import json
 import os
 import sqlite3
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +142,3 @@ def clear(path: Path | None = None) -> int:
             return con.execute("DELETE FROM runs").rowcount
     finally:
         con.close()
-
-
-def now() -> float:
-    return time.time()

@@ -31,7 +31,7 @@ class ModelDrafter:
         self._proposed_from = len(context)
         x = mx.array(context[self.lm.offset :], dtype=mx.int32)  # committed tokens not yet cached
         tokens, qs = [], []
-        keys = mx.random.split(key, max(k, 1))
+        keys = None if sp.greedy else mx.random.split(key, max(k, 1))  # greedy drafting draws nothing
         for i in range(k):
             logits = self.lm.forward(x)[0, -1]
             if sp.greedy:
