@@ -86,8 +86,9 @@ class FixedProposer:
     """A zero-cost proposer (like n-gram lookup): always proposes k known tokens."""
 
     name = "fixed"
+    needs_hidden = False
 
-    def begin(self, prompt):
+    def begin(self, prompt, hidden=None):
         pass
 
     def restart(self):
@@ -96,7 +97,7 @@ class FixedProposer:
     def propose(self, context, k, sp, key):
         return Proposal(mx.full((k,), 7, mx.int32), None, k, k)
 
-    def commit(self, context, proposal, n):
+    def commit(self, context, proposal, n, hidden=None):
         pass
 
 

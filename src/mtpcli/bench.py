@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from . import models, profiles, runlog
 from .errors import UsageError
-from .generate import build_engine, encode_prompt, settings_record
+from .generate import build_engine, encode_prompt, settings_record, settle_draft
 from .stats import RunStats
 
 
@@ -150,6 +150,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
         arms.append(Arm("mlx-lm plain", profiles.resolve(profile_names[0], {**overrides, "draft": "none"}),
                         kind="mlx-lm"))
     target = models.load(model, "target model")
+    for arm in arms:
+        settle_draft(arm.settings, target)
     dmodel = None
     if draft_model:
         dmodel = models.load(draft_model, "draft model")

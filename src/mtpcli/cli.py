@@ -45,7 +45,9 @@ def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile
 @app.command()
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: stdin)."),
-    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", help="Read the whole prompt from a file; - is stdin."),
+    prompt_file: Optional[List[str]] = typer.Option(None, "--prompt-file", help="Read the whole prompt from a file; - is stdin. Repeat it, or give a folder (its *.txt files), to decode several prompts as one batch."),
+    prompts_jsonl: Optional[str] = typer.Option(None, "--prompts-jsonl", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\" and \"seed\"."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Rows decoded together with several prompts (default: all, capped by memory); finished rows are refilled."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Profile (overrides the default profile)."),
     model: Optional[str] = _opt("model", "-m"),
     draft_model: Optional[str] = _opt("draft_model"),
@@ -85,7 +87,20 @@ def generate(
 
     flags = {k: v for k, v in locals().items() if k in SCHEMA}
     settings = profiles.resolve(profile or _global["profile"], flags)
-    text, _ = gen.read_prompt(prompt, prompt_file)
+    files = prompt_file or []
+    if prompts_jsonl or len(files) > 1 or any(os.path.isdir(f) for f in files):
+        from . import multi
+
+        if prompt is not None:
+            raise UsageError("give either --prompt or several prompts (--prompt-file, --prompts-jsonl), not both")
+        if num_completions > 1:
+            raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
+        if "-" in files:
+            raise UsageError("--prompt-file -: stdin can be one of several prompts only through --prompts-jsonl")
+        items = multi.read_items(files, prompts_jsonl)
+        raise typer.Exit(multi.run(settings, items, quiet, stats_json, separator, sys.argv[1:], batch_size,
+                                   log=not no_log))
+    text, _ = gen.read_prompt(prompt, files[0] if files else None)
     status = gen.run(settings, text, num_completions, quiet, stats_json, separator, sys.argv[1:],
                      log=not no_log, log_prompts=log_prompts)
     raise typer.Exit(status)

@@ -25,7 +25,13 @@ class FixedWidth:
     history: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self):
-        self.history = [[] for _ in range(self.batch)]
+        self.reset()
+
+    def reset(self, member: int | None = None) -> None:
+        if member is None:
+            self.history = [[] for _ in range(self.batch)]
+        else:
+            self.history[member] = []
 
     def width(self) -> int:
         return self.n
@@ -174,3 +180,13 @@ class CostAwareController:
 
     def estimate(self, member: int = 0) -> float:
         return self.expected_tokens(self.width(), member) - 1.0
+
+
+def keep_members(controller, members: Sequence[int]) -> None:
+    """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
+    leave the batch, and their estimates stop counting towards the shared width."""
+    for name in ("estimates", "history", "counts"):
+        if hasattr(controller, name):
+            values = getattr(controller, name)
+            setattr(controller, name, [values[m] for m in members])
+    controller.batch = len(members)

@@ -41,8 +41,9 @@ class Event:
 
 class Engine:
     def __init__(self, model, drafter=None, controller=None, eos_token_ids=(), config=DecodeConfig()):
-        self.target = CachedLM(model, role="target model", prefill_step=config.prefill_step)
         self.drafter = drafter or NoDraft()
+        self.target = CachedLM(model, role="target model", prefill_step=config.prefill_step,
+                               hidden=self.drafter.needs_hidden)
         self.controller = controller or FixedWidth(0)
         self.eos = set(eos_token_ids)
         self.cfg = config
@@ -69,8 +70,8 @@ class Engine:
     def generate(self, prompt: list[int], n: int = 1) -> Iterator[Event]:
         """Decode `n` independent completions of `prompt`, which is prefilled once."""
         t0 = time.perf_counter()
-        self.target.prefill(prompt[:-1])
-        self.drafter.begin(prompt)
+        hidden = self.target.prefill(prompt[:-1])
+        self.drafter.begin(prompt, hidden)
         prefill_s = time.perf_counter() - t0
         prompt_offset = self.target.offset
         self.target.mark(base=True)  # recurrent targets: the state to come back to for each completion
@@ -104,8 +105,8 @@ class Engine:
             n_acc, token = self._verify(context[-1], proposal, k_verify, run)
             new = proposal.tokens[:n_acc].tolist() + [token] if n_acc else [token]
             self.target.rollback(self.target.offset - proposal.k + n_acc)
-            self.drafter.commit(context, proposal, n_acc)
             context.extend(new)
+            self.drafter.commit(context, proposal, n_acc, self.target.hidden)
             self.controller.update([proposal.k], [n_acc], seconds=time.perf_counter() - t_cycle)
             run.floor_cut += proposal.k < proposal.requested
             run.record_cycle(proposal.k, n_acc, len(new))

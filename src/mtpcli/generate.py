@@ -64,35 +64,54 @@ def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -
     return list(tokenizer.encode(templated, add_special_tokens=False))
 
 
-def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None) -> Engine:
-    from .drafters.model import ModelDrafter
-    from .drafters.ngram import NgramDrafter
-
+def decode_config(s: Settings) -> DecodeConfig:
     v = s.values
-    config = DecodeConfig(
+    return DecodeConfig(
         sampling=SamplingParams(temp=v["temp"], top_p=v["top_p"], top_k=v["top_k"], min_p=v["min_p"]),
         max_tokens=v["max_tokens"], seed=v["seed"], typical_threshold=v["typical_threshold"],
         typical_eps=v["typical_eps"], prefill_step=v["prefill_step"],
     )
+
+
+def build_controller(s: Settings, batch: int = 1):
+    v = s.values
     if v["draft"] == "none":
-        drafter, controller = NoDraft(), FixedWidth(0)
+        return FixedWidth(0, batch=batch)
+    if v["adaptive"] and v["controller"] == "cost":
+        return CostAwareController(v["n_min"], v["n_max"], batch=batch)
+    if v["adaptive"]:
+        return EmaController(v["n_min"], v["n_max"], v["ema_alpha"], v["ema_probe"], v["ema_init"], batch=batch)
+    return FixedWidth(v["num_draft_tokens"], batch=batch)
+
+
+def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None) -> Engine:
+    from .drafters.model import ModelDrafter
+    from .drafters.mtp import MtpDrafter
+    from .drafters.ngram import NgramDrafter
+
+    v = s.values
+    settle_draft(s, target)
+    if v["draft"] == "none":
+        drafter = NoDraft()
+    elif v["draft"] == "ngram":
+        drafter = NgramDrafter(v["ngram_min"], v["ngram_max"])
+    elif v["draft"] == "mtp":
+        drafter = MtpDrafter(models.mtp_head(target), target.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
     else:
-        if v["draft"] == "ngram":
-            drafter = NgramDrafter(v["ngram_min"], v["ngram_max"])
-        else:
-            drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
-        if v["adaptive"] and v["controller"] == "cost":
-            controller = CostAwareController(v["n_min"], v["n_max"])
-        elif v["adaptive"]:
-            controller = EmaController(v["n_min"], v["n_max"], v["ema_alpha"], v["ema_probe"], v["ema_init"])
-        else:
-            controller = FixedWidth(v["num_draft_tokens"])
-    return Engine(target.model, drafter, controller, target.tokenizer.eos_token_ids, config)
+        drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
+    return Engine(target.model, drafter, build_controller(s), target.tokenizer.eos_token_ids, decode_config(s))
+
+
+def settle_draft(s: Settings, target: models.Loaded) -> None:
+    """draft = auto without a draft model: the checkpoint's MTP heads if it has them, else n-gram lookup."""
+    if s.values["draft"] == "auto":
+        s.values["draft"] = "mtp" if models.has_mtp(target) else "ngram"
 
 
 def load_models(s: Settings) -> tuple[models.Loaded, models.Loaded | None]:
     v = s.values
     target = models.load(v["model"], "target model")
+    settle_draft(s, target)
     draft = None
     if v["draft"] == "model":
         if not v["draft_model"]:

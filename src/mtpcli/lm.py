@@ -45,15 +45,42 @@ def plain_kv_cache(cache) -> bool:
 BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
 
 
+def use_bucketed(bucketed: bool | None = None) -> bool:
+    bucketed = BUCKETED_DEFAULT if bucketed is None else bucketed
+    if bucketed is None:  # by default only where it pays: MLX's CUDA backend
+        bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
+    return bucketed
+
+
+def kv_caches(n: int, bucketed: bool | None = None) -> list[KVCache]:
+    return [BucketedKVCache() if use_bucketed(bucketed) else KVCache() for _ in range(n)]
+
+
+def split_model(model):
+    """(inner, head): tokens -> post-norm hidden states, and hidden -> logits; None where the model's layout is
+    not the usual `model.model` + `lm_head` (or tied embeddings). The inner model alone fills the cache exactly
+    as the whole model does; head(inner(x)) equals the model's logits for the MTP families (not for gemma,
+    whose head also scales and soft-caps)."""
+    text = getattr(model, "language_model", model)
+    inner = getattr(text, "model", None)
+    if inner is None or not hasattr(inner, "embed_tokens"):
+        return None
+    head = getattr(text, "lm_head", None)
+    return inner, head if head is not None else inner.embed_tokens.as_linear
+
+
 class CachedLM:
-    def __init__(self, model, role: str = "model", prefill_step: int = 512, bucketed: bool | None = None):
+    def __init__(self, model, role: str = "model", prefill_step: int = 512, bucketed: bool | None = None,
+                 hidden: bool = False):
         self.model = model
         self.cache = make_prompt_cache(model)
-        bucketed = BUCKETED_DEFAULT if bucketed is None else bucketed
-        if bucketed is None:  # by default only where it pays: MLX's CUDA backend
-            bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
-        if bucketed and plain_kv_cache(self.cache):
+        if use_bucketed(bucketed) and plain_kv_cache(self.cache):
             self.cache = [BucketedKVCache() for _ in self.cache]
+        self.parts = split_model(model)
+        if hidden and self.parts is None:
+            raise ModelError(f"the {role}'s hidden states are not reachable (model type {type(model).__module__})")
+        self.keep_hidden = hidden
+        self.hidden: mx.array | None = None  # (1, n, H) of the last forward, when keep_hidden
         self.role = role
         self.trimmable = can_trim_prompt_cache(self.cache)
         # Recurrent state (gated-delta, Mamba: ArraysCache) cannot be cut back; it is snapshotted instead, and a
@@ -66,17 +93,30 @@ class CachedLM:
         self.replayed_tokens = 0
         self.prefill_step = prefill_step
 
-    def prefill(self, tokens: list[int]) -> None:
-        """Feed `tokens` into the cache in chunks, without keeping any logits."""
+    def _feed(self, x: mx.array):
+        """Run the model on x (1, n) without the LM head where it can (prefill and replay need no logits)."""
+        return self.parts[0](x, cache=self.cache) if self.parts else self.model(x, cache=self.cache)
+
+    def prefill(self, tokens: list[int]) -> mx.array | None:
+        """Feed `tokens` into the cache in chunks, without computing logits. Returns their hidden states
+        (1, n, H) when this model keeps them."""
+        hidden = []
         for i in range(0, len(tokens), self.prefill_step):
             chunk = mx.array(tokens[i : i + self.prefill_step])[None]
-            self.model(chunk, cache=self.cache)
-            mx.eval([c.state for c in self.cache])
+            h = self._feed(chunk)
+            if self.keep_hidden:
+                hidden.append(h)
+            mx.eval([c.state for c in self.cache] + hidden[-1:])
             self.offset += chunk.shape[1]
+        return mx.concatenate(hidden, axis=1) if self.keep_hidden and hidden else None
 
     def forward(self, tokens: mx.array) -> mx.array:
         """Append `tokens` (n,) to the cache and return their next-token logits, shape (1, n, V)."""
-        logits = self.model(tokens.reshape(1, -1), cache=self.cache)
+        if self.keep_hidden:
+            self.hidden = self.parts[0](tokens.reshape(1, -1), cache=self.cache)
+            logits = self.parts[1](self.hidden)
+        else:
+            logits = self.model(tokens.reshape(1, -1), cache=self.cache)
         self.offset += tokens.size
         if self._snaps:
             self._fed.append(tokens.reshape(-1))
@@ -117,7 +157,7 @@ class CachedLM:
         self._fed = [fed[: keep - self._fed_from]]
         self.offset = at
         if replay.size:
-            self.model(replay.reshape(1, -1), cache=self.cache)
+            self._feed(replay.reshape(1, -1))
             self.offset += replay.size
             self.replayed_tokens += replay.size
 

@@ -17,6 +17,8 @@ class Loaded:
     path: Path | None
     name: str
     config: dict
+    mtp: object = None  # mtp.MtpSpec: the checkpoint's multi-token-prediction head, if any
+    head: object = None  # the MTP head, built on first use
 
 
 def resolve(name: str) -> Path | str:
@@ -45,14 +47,52 @@ def load(name: str, role: str = "model") -> Loaded:
     target = resolve(name)
     from mlx_lm import load as mlx_load
 
+    spec = None
     try:
-        model, tokenizer, config = mlx_load(str(target), return_config=True)
+        if isinstance(target, str):  # a Hub id: its local snapshot folder (offline)
+            from mlx_lm.utils import _download
+
+            target = Path(_download(target))
+        if isinstance(target, Path):
+            from . import mtp
+
+            spec = mtp.find(target, read_config(target))
+        if spec is None:
+            model, tokenizer, config = mlx_load(str(target), return_config=True)
+        else:  # mlx-lm drops MTP weights for some layouts only; make sure it does for all
+            from mlx_lm.utils import _get_classes, load_model, load_tokenizer
+
+            def classes(config):
+                model_class, args_class = _get_classes(config)
+                return mtp.strip_sanitize(model_class, spec), args_class
+
+            model, config = load_model(target, get_model_classes=classes)
+            tokenizer = load_tokenizer(target, eos_token_ids=config.get("eos_token_id", None))
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(target, str):
             msg = f"not a local folder and not in the Hugging Face cache (offline): {msg}"
         raise ModelError(f"cannot load {role} '{name}': {msg}") from None
-    return Loaded(model, tokenizer, Path(target) if not isinstance(target, str) else None, name, config)
+    return Loaded(model, tokenizer, Path(target) if not isinstance(target, str) else None, name, config, spec)
+
+
+def has_mtp(loaded: Loaded) -> bool:
+    from . import mtp
+
+    return loaded.mtp is not None and loaded.mtp.layout != "mimo" and \
+        mtp.text_config(loaded.config).get("model_type") in mtp.SUPPORTED
+
+
+def mtp_head(loaded: Loaded):
+    """Build the target's MTP head (for --draft mtp); one clear error when it has none."""
+    from . import mtp
+
+    if loaded.mtp is None:
+        raise ModelError(f"--draft mtp: model '{loaded.name}' carries no multi-token-prediction heads "
+                         "(no 'mtp.*' or extra 'model.layers.N' weights); use --draft ngram or --draft-model")
+    if loaded.head is None:
+        loaded.head = mtp.load(loaded.model, loaded.path, loaded.config, loaded.mtp)
+    return loaded.head
 
 
 def check_pair(target: Loaded, draft: Loaded) -> None:
@@ -97,7 +137,14 @@ def read_config(folder: Path | str) -> dict:
 
 def draft_sources(folder: Path | str, config: dict) -> list[str]:
     """The draft sources mtpcli can use with this checkpoint as the target."""
+    from . import mtp
+
     sources = ["model (with --draft-model)", "ngram", "none"]
+    spec = mtp.find(folder, config)
+    if spec is not None:
+        family = mtp.text_config(config).get("model_type")
+        ok = spec.layout != "mimo" and family in mtp.SUPPORTED
+        sources.insert(0, f"mtp ({spec.describe()}{'' if ok else '; NOT supported'})")
     if any(k in config for k in ("linear_num_value_heads", "ssm_cfg", "state_size", "mamba_d_state")):
         sources.append("(recurrent layers: a rejected draft restores a snapshot and replays the kept tokens)")
     return sources

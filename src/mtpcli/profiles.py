@@ -58,8 +58,9 @@ def _choice(*options):
 SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("model", str, "smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache)."),
     Key("draft_model", str, None, "Draft model (same tokenizer as the target); implies draft = \"model\"."),
-    Key("draft", str, "auto", "Draft source: model, ngram, none, or auto (model with a draft model, else ngram).",
-        _choice("auto", "model", "ngram", "none"), "one of auto, model, ngram, none"),
+    Key("draft", str, "auto", "Draft source: model, ngram, mtp, none, or auto (model with a draft model, else the "
+        "checkpoint's MTP heads if it has them, else ngram).",
+        _choice("auto", "model", "ngram", "mtp", "none"), "one of auto, model, ngram, mtp, none"),
     Key("num_draft_tokens", int, 4, "Draft width: tokens drafted per verify cycle.", _rng(1, 64), "1..64"),
     Key("max_tokens", int, 256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1"),
     Key("temp", float, 0.0, "Sampling temperature; 0 is greedy.", _rng(0.0), ">= 0", "--temp"),
@@ -251,8 +252,8 @@ def resolve(profile: str | None, flags: dict[str, Any], env: dict[str, str] | No
             values[key], origins[key] = spec.default, "default"
     if values["n_max"] is None:
         values["n_max"] = values["num_draft_tokens"]
-    if values["draft"] == "auto":
-        values["draft"] = "model" if values["draft_model"] else "ngram"
+    if values["draft"] == "auto" and values["draft_model"]:
+        values["draft"] = "model"  # else settled once the target is loaded: mtp if it has heads, else ngram
     if values["ngram_min"] > values["ngram_max"]:
         raise UsageError(f"ngram_min ({values['ngram_min']}) must not exceed ngram_max ({values['ngram_max']})")
     if values["n_min"] > values["n_max"]:

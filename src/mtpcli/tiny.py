@@ -98,3 +98,120 @@ def make_hybrid_model(path: str | Path, seed: int = 0, logit_scale: float = 4.0)
     _save(model, config, path)
     write_tokenizer(path)
     return path
+
+
+# --- checkpoints with native MTP heads, in the Hugging Face layout of each family ---------------------------
+
+MTP_CONFIGS = {
+    "deepseek_v3": {
+        "model_type": "deepseek_v3", "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 16,
+        "qk_rope_head_dim": 8, "v_head_dim": 8, "qk_nope_head_dim": 8, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    },
+    "qwen3_next": {
+        "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "moe_intermediate_size": 16,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "full_attention_interval": 2,
+        "num_nextn_predict_layers": 1,
+    },
+    "qwen3_5": {
+        "model_type": "qwen3_5", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
+        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "full_attention_interval": 2,
+        "mtp_num_hidden_layers": 1, "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                                         "type": "default"},
+    },
+}
+ZERO_CENTRED = ("qwen3_next", "qwen3_5")
+OUTPUT_PROJ = ("o_proj.weight", "down_proj.weight", "out_proj.weight")
+
+
+def _hf_layer(family: str, params: dict, config: dict) -> dict:
+    """One decoder layer's mlx-lm parameters under their Hugging Face checkpoint names (mlx-lm's sanitize undone)."""
+    out = {}
+    for k, v in params.items():
+        if ".switch_mlp." in k:
+            for e in range(v.shape[0]):
+                out[k.replace(".switch_mlp.", f".experts.{e}.")] = v[e]
+        elif k.endswith("self_attn.embed_q.weight"):
+            wv = params[k.replace("embed_q", "unembed_out")]
+            kv_b = mx.concatenate([v.swapaxes(-1, -2), wv], axis=1)
+            out[k.replace("embed_q", "kv_b_proj")] = kv_b.reshape(-1, kv_b.shape[-1])
+        elif k.endswith("self_attn.unembed_out.weight"):
+            continue
+        elif "conv1d.weight" in k:
+            out[k] = v.moveaxis(2, 1)
+        elif family in ZERO_CENTRED and v.ndim == 1 and any(("." + k).endswith(s) for s in
+                                                            (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                                                             ".q_norm.weight", ".k_norm.weight")):
+            out[k] = v - 1.0
+        else:
+            out[k] = v
+    return out
+
+
+def make_mtp_model(path: str | Path, family: str, heads: bool = True, seed: int = 0, damp: float = 0.3,
+                   noise: float = 0.1, logit_scale: float = 4.0) -> Path:
+    """A tiny random `family` checkpoint in the Hugging Face layout, with (or without) an MTP head.
+
+    The target's output projections are damped so it behaves nearly like a bigram model, and the head is
+    an "oracle with noise": it projects only the next token's embedding through its (near-identity) layer
+    and the shared LM head, so it predicts the token after next well and drafts get partly accepted."""
+    import importlib
+
+    from mlx.utils import tree_flatten
+
+    from . import mtp
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = {**MTP_CONFIGS[family], "vocab_size": len(VOCAB), "max_position_embeddings": 256,
+              "tie_word_embeddings": False, "eos_token_id": 1}
+    mx.random.seed(seed)
+    mod = importlib.import_module(f"mlx_lm.models.{family}")
+    model = mod.Model(mod.ModelArgs.from_dict(config))
+    flat = dict(tree_flatten(model.parameters()))
+    for k, v in flat.items():
+        if k.endswith("lm_head.weight"):
+            flat[k] = v * logit_scale
+        elif k.endswith(OUTPUT_PROJ):
+            flat[k] = v * damp
+    model.load_weights(list(flat.items()))
+    if family == "qwen3_5":  # mlx names -> the checkpoint's (model.language_model.*, lm_head.weight)
+        flat = {k.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head", "lm_head"): v
+                for k, v in flat.items()}
+    weights = _hf_layer(family, flat, config)
+    if family in ZERO_CENTRED:
+        norm = "model.language_model.norm.weight" if family == "qwen3_5" else "model.norm.weight"
+        weights[norm] = weights[norm] - 1.0
+    if heads:
+        layer, _ = mtp._layer_module(model, moe=family != "qwen3_5")
+        hidden = config["hidden_size"]
+        head = mtp.MtpHead("deepseek" if family == "deepseek_v3" else "qwen", hidden, 1e-6, layer, None)
+        hp = dict(tree_flatten(head.parameters()))
+        eye = mx.concatenate([mx.eye(hidden), mx.zeros((hidden, hidden))], axis=1)
+        hp["proj.weight"] = eye + noise * mx.random.normal(eye.shape) / hidden**0.5
+        hp = {k: v * noise if k.endswith(OUTPUT_PROJ) else v for k, v in hp.items()}
+        layer_hf = _hf_layer(family, {k[len("layer."):]: v for k, v in hp.items() if k.startswith("layer.")}, config)
+        names = {v: k for k, v in mtp.NAMES["deepseek" if family == "deepseek_v3" else "qwen"].items()}
+        own = {names[k]: (v - 1.0 if family in ZERO_CENTRED and k.startswith("norm") else v)
+               for k, v in hp.items() if k in names}
+        if family == "deepseek_v3":
+            n = config["num_hidden_layers"]
+            lm = flat["lm_head.weight"]
+            own.update({"shared_head.head.weight": lm, "embed_tokens.weight": flat["model.embed_tokens.weight"]})
+            weights.update({f"model.layers.{n}.{k}": v for k, v in {**own, **layer_hf}.items()})
+        else:
+            weights.update({f"mtp.{k}": v for k, v in own.items()})
+            weights.update({f"mtp.layers.0.{k}": v for k, v in layer_hf.items()})
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    write_tokenizer(path)
+    return path

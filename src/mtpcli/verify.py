@@ -4,6 +4,11 @@ Every law takes the target rows for the k drafted positions plus the bonus posit
 (B, k+1, V), and the drafted tokens (B, k). It returns how many leading drafts are accepted
 (B,) and the one token that follows them (B,): a resample at the first rejected position, or the
 bonus token when all k pass. Everything stays on the device; the caller synchronises once.
+
+Rows of a batch may draft fewer than k tokens: `lengths` (B,) marks the real drafts, the rest are padding,
+never accepted; a row whose real drafts all pass gets its bonus token from p at position lengths[b]. `key`
+is one key, or a list of B keys (one per row, so a row's draws depend on its own key only; a row draws
+exactly what it would draw alone with k = lengths[b]).
 """
 
 from __future__ import annotations
@@ -37,11 +42,30 @@ def _prob_of(p: mx.array, tokens: mx.array) -> mx.array:
     return mx.take_along_axis(p, tokens[..., None], axis=-1).squeeze(-1)
 
 
-def greedy(target_logits: mx.array, draft: mx.array) -> Verdict:
+def _real(draft: mx.array, lengths: mx.array | None) -> mx.array:
+    """(B, k) True at real (not padding) draft positions."""
+    if lengths is None:
+        return mx.ones(draft.shape, mx.bool_)
+    return mx.arange(draft.shape[-1])[None] < lengths[:, None]
+
+
+def _uniforms(keys: list, lengths: list[int], k: int) -> mx.array:
+    """Per-row uniforms, each row drawn with its own key and its own length, padded to k."""
+    rows = [mx.random.uniform(shape=(1, n), key=key) for key, n in zip(keys, lengths)]
+    return mx.concatenate([mx.pad(r, [(0, 0), (0, k - r.shape[1])], constant_values=2.0) for r in rows])
+
+
+def _sample_rows(rows: mx.array, keys) -> mx.array:
+    if not isinstance(keys, list):
+        return sample(rows, keys)
+    return mx.concatenate([sample(rows[b : b + 1], key) for b, key in enumerate(keys)])
+
+
+def greedy(target_logits: mx.array, draft: mx.array, lengths: list[int] | None = None) -> Verdict:
     """T = 0: accept while the draft equals the target's argmax; the next token is the argmax."""
     best = mx.argmax(target_logits, axis=-1)  # (B, k+1)
     k = draft.shape[-1]
-    n = _prefix_length(draft == best[:, :k])
+    n = _prefix_length((draft == best[:, :k]) & _real(draft, None if lengths is None else mx.array(lengths)))
     return Verdict(n, _at(best, n))
 
 
@@ -56,7 +80,7 @@ def residual(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
     return mx.where(mass > 0, r / mx.where(mass > 0, mass, 1.0), p)
 
 
-def exact(p: mx.array, q: mx.array | None, draft: mx.array, key: mx.array) -> Verdict:
+def exact(p: mx.array, q: mx.array | None, draft: mx.array, key, lengths: list[int] | None = None) -> Verdict:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output ~ p exactly.
 
     Draft token x at position i is accepted with probability min(1, p_i(x) / q_i(x)); the first
@@ -64,13 +88,20 @@ def exact(p: mx.array, q: mx.array | None, draft: mx.array, key: mx.array) -> Ve
     is drawn from p_k.
     """
     k = draft.shape[-1]
-    k_accept, k_sample = mx.random.split(key)
-    u = mx.random.uniform(shape=draft.shape, key=k_accept)
+    if isinstance(key, list):
+        split = [mx.random.split(kk) for kk in key]
+        u = _uniforms([a for a, _ in split], lengths or [k] * len(key), k)
+        k_sample = [b for _, b in split]
+    else:
+        k_accept, k_sample = mx.random.split(key)
+        u = mx.random.uniform(shape=draft.shape, key=k_accept)
+    real = _real(draft, None if lengths is None else mx.array(lengths))
     pd = _prob_of(p[:, :k], draft)
     qd = 1.0 if q is None else _prob_of(q, draft)
-    n = _prefix_length(u * qd < pd)
-    rows = mx.concatenate([residual(p[:, :k], q, draft), p[:, k:]], axis=1)
-    return Verdict(n, sample(_at(rows, n), k_sample))
+    n = _prefix_length((u * qd < pd) & real)
+    res = mx.where(real[..., None], residual(p[:, :k], q, draft), p[:, :k])  # padding: no draft, so p itself
+    rows = mx.concatenate([res, p[:, k:]], axis=1)
+    return Verdict(n, _sample_rows(_at(rows, n), k_sample))
 
 
 def entropy(p: mx.array) -> mx.array:
@@ -84,7 +115,8 @@ def typical_floor(p: mx.array, threshold: float, eps: float) -> tuple[mx.array, 
     return mx.minimum(eps, threshold * mx.exp(-h)), h
 
 
-def typical(p: mx.array, draft: mx.array, key: mx.array, threshold: float, eps: float = 1.0) -> Verdict:
+def typical(p: mx.array, draft: mx.array, key, threshold: float, eps: float = 1.0,
+            lengths: list[int] | None = None) -> Verdict:
     """Typical acceptance (Medusa-2, arXiv:2401.10774 s2.3.1). NOT distribution-exact.
 
     Accept the longest prefix of positions whose draft token has p(x) > min(eps, delta * exp(-H(p)));
@@ -92,5 +124,6 @@ def typical(p: mx.array, draft: mx.array, key: mx.array, threshold: float, eps: 
     """
     k = draft.shape[-1]
     floor, h = typical_floor(p, threshold, eps)
-    n = _prefix_length(_prob_of(p[:, :k], draft) > floor[:, :k])
-    return Verdict(n, sample(_at(p, n), key), entropy=h, floor=floor)
+    real = _real(draft, None if lengths is None else mx.array(lengths))
+    n = _prefix_length((_prob_of(p[:, :k], draft) > floor[:, :k]) & real)
+    return Verdict(n, _sample_rows(_at(p, n), key), entropy=h, floor=floor)

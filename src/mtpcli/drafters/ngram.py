@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import Proposal
+from . import Proposal, empty
 
 
 class NgramDrafter:
     name = "ngram"
+    needs_hidden = False
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -24,7 +25,7 @@ class NgramDrafter:
         self.index: dict[int, dict[tuple, int]] = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self.done = {n: 0 for n in self.index}  # positions indexed so far, per n
 
-    def begin(self, prompt: list[int]) -> None:
+    def begin(self, prompt: list[int], hidden=None) -> None:
         self.restart()
 
     def _update(self, context: list[int]) -> None:
@@ -44,7 +45,34 @@ class NgramDrafter:
                 if i is not None:
                     cand = context[i + n : i + n + k]
                     return Proposal(mx.array(cand, dtype=mx.int32), None, len(cand), len(cand))
-        return Proposal(mx.zeros((0,), mx.int32), None, 0, 0)
+        return empty()
 
-    def commit(self, context: list[int], proposal: Proposal, n_accepted: int) -> None:
+    def commit(self, context: list[int], proposal: Proposal, n_accepted: int, hidden=None) -> None:
+        pass
+
+
+class NgramBatch:
+    """One prompt-lookup index per row of a batch; rows propose up to their own cap (ragged lengths)."""
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        self.n_min, self.n_max = n_min, n_max
+        self.rows: list[NgramDrafter] = []
+
+    def add_rows(self, n: int) -> None:
+        self.rows += [NgramDrafter(self.n_min, self.n_max) for _ in range(n)]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+
+    def set_row(self, row: int, prompt: list[int]) -> None:
+        self.rows[row].begin(prompt)
+
+    def propose(self, contexts, caps, sp, keys):
+        props = [d.propose(c, k, sp, None) for d, c, k in zip(self.rows, contexts, caps)]
+        k = max(p.k for p in props)
+        tokens = [p.tokens.tolist() + [0] * (k - p.k) for p in props]
+        lengths = [p.k for p in props]
+        return mx.array(tokens, dtype=mx.int32).reshape(len(props), k), None, lengths, lengths
+
+    def commit(self, contexts, n_accepted) -> None:
         pass

@@ -1,0 +1,222 @@
+"""Native multi-token-prediction (MTP) heads: find them in a checkpoint, build them beside the mlx-lm model.
+
+Two layouts (key names as in the public checkpoints and vLLM's loaders):
+- DeepSeek-V3: an extra layer `model.layers.{num_hidden_layers}` with `enorm`, `hnorm`, `eh_proj`,
+  `shared_head.{norm,head}` and an ordinary decoder layer; the hidden state fed to the next depth is the
+  layer output before `shared_head.norm`.
+- Qwen3-Next / Qwen3.5: `mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm}` and `mtp.layers.0.*` (a
+  full-attention decoder layer), the model's own LM head; the fed-back hidden state is after `mtp.norm`.
+  Their RMSNorm weights are stored zero-centred (applied as 1 + w): shifted exactly when mlx-lm shifted the
+  main model's.
+
+A head takes the target's last (post-norm) hidden state h_t and the next token x_{t+1}, normalises each,
+concatenates [embedding, hidden], projects 2H -> H, runs its decoder layer (own KV cache) and the LM head:
+logits for x_{t+2}. mlx-lm drops these weights when it loads the model; `strip_sanitize` makes sure it
+does for every layout, so the target loads strictly either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import ModelError
+from .lm import split_model
+
+SUPPORTED = ("deepseek_v3", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+LAYER_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight")
+
+
+@dataclass(frozen=True)
+class MtpSpec:
+    layout: str  # "deepseek" | "qwen" | "mimo" (found, not supported)
+    prefix: str  # the checkpoint's key prefix of the head, e.g. "mtp." or "model.layers.61."
+    layers: int  # MTP depths in the checkpoint (mtpcli uses the first, recursively)
+    keys: tuple[str, ...]
+
+    def owns(self, key: str) -> bool:
+        if self.layout == "deepseek":  # model.layers.N., N+1, ... for several depths
+            m = re.match(r"(.*layers\.)(\d+)\.", key)
+            first = int(self.prefix.rstrip(".").rsplit(".", 1)[1])
+            return bool(m) and m.group(1) == self.prefix[: len(m.group(1))] and int(m.group(2)) >= first
+        return key.startswith(self.prefix)
+
+    def describe(self) -> str:
+        name = {"deepseek": "DeepSeek-V3 layout", "qwen": "Qwen3-Next/Qwen3.5 layout", "mimo": "MiMo layout"}
+        return f"{name[self.layout]}, {self.layers} layer{'s' * (self.layers != 1)}, keys '{self.prefix}*'"
+
+
+def weight_keys(folder: Path | str) -> list[str]:
+    """Tensor names of a safetensors checkpoint, read from the file headers (no tensor is loaded)."""
+    keys = []
+    for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors"))):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            keys += [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
+    return keys
+
+
+def text_config(config: dict) -> dict:
+    return config.get("text_config") or config
+
+
+def find(folder: Path | str, config: dict) -> MtpSpec | None:
+    """The checkpoint's MTP head, if it carries one."""
+    keys = weight_keys(folder)
+    qwen = sorted({m.group(1) for k in keys if (m := re.match(r"^(.*?\bmtp\.)(fc|layers|norm|pre_fc)", k))})
+    if qwen:
+        own = tuple(k for k in keys if k.startswith(qwen[0]))
+        depths = {k.split("layers.")[1].split(".")[0] for k in own if ".layers." in k}
+        return MtpSpec("qwen", qwen[0], max(len(depths), 1), own)
+    n = text_config(config).get("num_hidden_layers")
+    if isinstance(n, int):
+        heads = sorted({m.group(1) for k in keys if (m := re.match(rf"^(.*\blayers\.{n}\.)eh_proj\.", k))})
+        if heads:
+            spec = MtpSpec("deepseek", heads[0], 1, ())
+            own = tuple(k for k in keys if spec.owns(k))
+            depths = {re.match(r".*layers\.(\d+)\.", k).group(1) for k in own}
+            return MtpSpec("deepseek", heads[0], len(depths), own)
+    mimo = tuple(k for k in keys if ".mtp_layers." in k or k.startswith("mtp_layers."))
+    if mimo:
+        return MtpSpec("mimo", mimo[0].split("mtp_layers.")[0] + "mtp_layers.", 1, mimo)
+    return None
+
+
+def strip_sanitize(model_class: type, spec: MtpSpec) -> type:
+    """A subclass of an mlx-lm model class whose sanitize drops the MTP weights first."""
+
+    class Stripped(model_class):
+        def sanitize(self, weights):
+            weights = {k: v for k, v in weights.items() if not spec.owns(k)}
+            return super().sanitize(weights) if hasattr(super(), "sanitize") else weights
+
+    Stripped.__name__ = Stripped.__qualname__ = model_class.__name__
+    Stripped.__module__ = model_class.__module__
+    return Stripped
+
+
+class MtpHead(nn.Module):
+    def __init__(self, layout: str, hidden: int, eps: float, layer: nn.Module, own_head: int | None):
+        super().__init__()
+        self.layout = layout
+        self.norm_e = nn.RMSNorm(hidden, eps=eps)
+        self.norm_h = nn.RMSNorm(hidden, eps=eps)
+        self.proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layer = layer
+        self.norm = nn.RMSNorm(hidden, eps=eps)
+        if own_head:
+            self.head = nn.Linear(hidden, own_head, bias=False)
+
+    def __call__(self, hidden: mx.array, tokens: mx.array, embed, lm_head, cache) -> tuple[mx.array, mx.array]:
+        """hidden (1, n, H) paired with tokens (1, n) -> (hidden fed to the next depth, logits (1, n, V))."""
+        from mlx_lm.models.base import create_attention_mask
+
+        x = mx.concatenate([self.norm_e(embed(tokens)), self.norm_h(hidden)], axis=-1)
+        x = self.proj(x)
+        x = self.layer(x, create_attention_mask(x, cache, return_array=True), cache)
+        out = self.norm(x)
+        logits = self.head(out) if "head" in self else lm_head(out)
+        return (x if self.layout == "deepseek" else out), logits
+
+
+# checkpoint name (after the prefix) -> MtpHead parameter name, per layout
+NAMES = {
+    "deepseek": {"enorm.weight": "norm_e.weight", "hnorm.weight": "norm_h.weight", "eh_proj.weight": "proj.weight",
+                 "shared_head.norm.weight": "norm.weight", "shared_head.head.weight": "head.weight"},
+    "qwen": {"pre_fc_norm_embedding.weight": "norm_e.weight", "pre_fc_norm_hidden.weight": "norm_h.weight",
+             "fc.weight": "proj.weight", "norm.weight": "norm.weight"},
+}
+IGNORED = ("embed_tokens.weight",)  # DeepSeek-V3's copy of the shared embedding
+
+
+def _layer_module(model, moe: bool) -> tuple[nn.Module, int]:
+    """A full-attention decoder layer of the target's family (and the main-model index it is sanitized as)."""
+    import importlib
+
+    text = getattr(model, "language_model", model)
+    args = text.args
+    family = args.model_type
+    if family == "deepseek_v3":
+        mod = importlib.import_module("mlx_lm.models.deepseek_v3")
+        a = dataclasses.replace(args, first_k_dense_replace=0 if moe else 1 << 30, moe_layer_freq=1)
+        return mod.DeepseekV3DecoderLayer(a, 0), 0
+    i = args.full_attention_interval - 1  # a full-attention index of the main model
+    if family == "qwen3_next":
+        mod = importlib.import_module("mlx_lm.models.qwen3_next")
+        a = dataclasses.replace(args, mlp_only_layers=[] if moe else [i], decoder_sparse_step=1)
+        return mod.Qwen3NextDecoderLayer(a, i), i
+    mod = importlib.import_module("mlx_lm.models.qwen3_5")
+    a = args if moe or args.num_experts == 0 else dataclasses.replace(args, num_experts=0)
+    return mod.DecoderLayer(a, i), i
+
+
+def _main_layer_prefix(keys: list[str], spec: MtpSpec) -> str:
+    """How the checkpoint names its main layers, e.g. 'model.layers.' or 'model.language_model.layers.'."""
+    for k in keys:
+        m = re.match(r"^(.*\blayers\.)\d+\.", k)
+        if m and not spec.owns(k) and "visual" not in k:
+            return m.group(1)
+    raise ModelError("cannot find the main model's layers in the checkpoint")
+
+
+def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
+    """Build the checkpoint's first MTP depth beside the loaded target `model`."""
+    family = text_config(config).get("model_type", config.get("model_type"))
+    if spec.layout == "mimo" or family not in SUPPORTED:
+        raise ModelError(f"MTP heads of this checkpoint ({spec.describe()}, model type '{family}') are not supported; "
+                         f"supported: DeepSeek-V3 and Qwen3-Next/Qwen3.5 layouts ({', '.join(SUPPORTED)})")
+    raw: dict[str, mx.array] = {}
+    for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors"))):
+        raw.update({k: v for k, v in mx.load(f).items() if spec.owns(k) or k.endswith("norm.weight")})
+    first = spec.prefix if spec.layout == "deepseek" else spec.prefix + "layers.0."
+    own = {k[len(spec.prefix):]: v for k, v in raw.items() if k.startswith(spec.prefix) and not k.startswith(first)}
+    layer_raw = {k[len(first):]: v for k, v in raw.items() if k.startswith(first)}
+    if spec.layout == "deepseek":  # the head's own tensors share the layer's prefix
+        own = {k: layer_raw.pop(k) for k in list(layer_raw) if k in NAMES["deepseek"] or k in IGNORED}
+    missing = [k for k in NAMES[spec.layout] if k not in own and k != "shared_head.head.weight"]
+    if missing or not layer_raw:
+        raise ModelError(f"incomplete MTP head ({spec.describe()}): missing {', '.join(missing) or 'its decoder layer'}")
+    moe = any(".experts." in k or k == "mlp.gate.weight" for k in layer_raw)
+    layer, idx = _layer_module(model, moe)
+
+    # The layer goes through mlx-lm's own sanitize, renamed as a main layer (expert stacking, fp8, MLA split).
+    prefix = _main_layer_prefix(weight_keys(folder), spec)
+    out = model.sanitize({f"{prefix}{idx}.{k}": v for k, v in layer_raw.items()})
+    layer_w = {m.group(1): v for k, v in out.items() if (m := re.match(rf".*\blayers\.{idx}\.(.*)", k))}
+
+    # Zero-centred norms: shift exactly when mlx-lm shifted the main model's final norm.
+    inner, _ = split_model(model)
+    final = raw.get(prefix[: -len("layers.")] + "norm.weight")
+    shifted = final is not None and mx.allclose(inner.norm.weight, final + 1.0).item() and not mx.allclose(
+        inner.norm.weight, final).item()
+    if shifted:
+        for k, v in layer_w.items():
+            if any(("." + k).endswith(s) for s in LAYER_NORMS) and v.ndim == 1 and mx.array_equal(v, layer_raw[k]).item():
+                layer_w[k] = v + 1.0
+    head_w = {NAMES[spec.layout][k]: v for k, v in own.items() if k in NAMES[spec.layout]}
+    if shifted:
+        head_w = {k: v + 1.0 if k.startswith("norm") else v for k, v in head_w.items()}
+
+    tc = text_config(config)
+    hidden = tc["hidden_size"]
+    own_head = head_w["head.weight"].shape[0] if "head.weight" in head_w else None
+    head = MtpHead(spec.layout, hidden, tc.get("rms_norm_eps", 1e-6), layer, own_head)
+    weights = list(head_w.items()) + [(f"layer.{k}", v) for k, v in layer_w.items()]
+    try:
+        head.load_weights(weights, strict=True)
+    except ValueError as e:
+        raise ModelError(f"MTP head ({spec.describe()}) does not match the model config: {e}") from None
+    dtype = inner.embed_tokens.weight.dtype
+    if dtype in (mx.float16, mx.bfloat16, mx.float32):
+        head.set_dtype(dtype)
+    mx.eval(head.parameters())
+    head.eval()
+    return head
