@@ -18,21 +18,21 @@ from test_engine import target_marginals
 PROMPTS = ["the sea is ", "abcabcabc", "hello world. hello", "x", "12+12=24, 13+13=", "the cat sat on the mat. the"]
 
 
-def single(tiny, kind, ids, seed, sp, max_tokens, width=3):
+def single(tiny, kind, ids, seed, sp, max_tokens, width=3, **cfg):
     target, draft = tiny
     drafter = {"model": lambda: ModelDrafter(draft.model), "ngram": lambda: NgramDrafter(1, 3),
                "none": lambda: None}[kind]()
     eng = Engine(target.model, drafter, FixedWidth(width if drafter else 0), [1],
-                 DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed))
+                 DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed, **cfg))
     return [t for ev in eng.generate(ids) for t in ev.tokens]
 
 
-def batched(tiny, kind, requests, sp, batch_size, controller=None, width=3, eos=(1,)):
+def batched(tiny, kind, requests, sp, batch_size, controller=None, width=3, eos=(1,), **cfg):
     target, draft = tiny
     drafter = {"model": lambda: ModelBatchDrafter(draft.model), "ngram": lambda: NgramBatch(1, 3),
                "none": lambda: None}[kind]()
     eng = BatchEngine(target.model, drafter, controller or FixedWidth(width if drafter else 0), eos,
-                      DecodeConfig(sampling=sp), batch_size)
+                      DecodeConfig(sampling=sp, **cfg), batch_size)
     out = {r.index: [] for r in requests}
     for ev in eng.generate(requests):
         out[ev.completion].extend(ev.tokens)
@@ -59,6 +59,15 @@ def test_every_row_equals_its_prompt_decoded_alone(tiny, kind, sp, bucketed, mon
         out, eng = batched(tiny, kind, reqs, sp, size)
         assert out == alone, size
     assert eng.cycles < sum(eng.runs[i].cycles for i in alone)  # rows really shared cycles
+
+
+def test_typical_rows_equal_their_single_decodes_and_report_typical_stats(tiny):
+    sp = SamplingParams(temp=1.0)
+    reqs = requests(tiny, max_tokens=40)
+    alone = {r.index: single(tiny, "model", r.prompt, r.seed, sp, r.max_tokens, typical_threshold=0.09) for r in reqs}
+    out, eng = batched(tiny, "model", reqs, sp, 4, typical_threshold=0.09)
+    assert out == alone
+    assert all(run.typical is not None and run.typical_summary()["positions"] > 0 for run in eng.runs.values())
 
 
 def test_adaptive_width_is_shared_and_greedy_rows_stay_lossless(tiny):

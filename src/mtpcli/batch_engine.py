@@ -19,7 +19,7 @@ import numpy as np
 from . import verify
 from .batch import BatchLM
 from .controller import keep_members
-from .engine import DecodeConfig, Event
+from .engine import DecodeConfig, Event, new_run
 from .sampling import probs
 from .stats import RunStats
 
@@ -60,7 +60,8 @@ class BatchEngine:
             self.drafter.set_row(b, req.prompt)
         if hasattr(self.controller, "reset"):
             self.controller.reset(b)
-        run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=len(req.prompt), prefill_s=time.perf_counter() - t0)
+        run = new_run(self.cfg, len(req.prompt))
+        run.prefill_tokens, run.prefill_s = len(req.prompt), time.perf_counter() - t0
         self.runs[req.index] = run
         _, key = mx.random.split(mx.random.key(req.seed))  # the single engine's key for completion 0
         return Row(req, list(req.prompt), key, run, t0)

@@ -32,6 +32,14 @@ class DecodeConfig:
         return "typical" if self.typical_threshold > 0 else "exact"
 
 
+def new_run(cfg: DecodeConfig, prompt_tokens: int) -> RunStats:
+    run = RunStats(prompt_tokens=prompt_tokens)
+    if cfg.law == "typical":
+        run.typical = {"enabled": True, "threshold": cfg.typical_threshold, "eps": cfg.typical_eps,
+                       "distribution_exact": False}
+    return run
+
+
 @dataclass
 class Event:
     completion: int
@@ -60,10 +68,7 @@ class Engine:
         return total
 
     def _new_run(self, prompt_tokens: int) -> RunStats:
-        run = RunStats(prompt_tokens=prompt_tokens)
-        if self.cfg.law == "typical":
-            run.typical = {"enabled": True, "threshold": self.cfg.typical_threshold,
-                           "eps": self.cfg.typical_eps, "distribution_exact": False}
+        run = new_run(self.cfg, prompt_tokens)
         self.runs.append(run)
         return run
 

@@ -14,7 +14,7 @@ from . import models
 from .controller import CostAwareController, EmaController, FixedWidth
 from .drafters import NoDraft
 from .engine import DecodeConfig, Engine
-from .errors import EXIT_INTERRUPTED, EXIT_PIPE, ModelError, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_PIPE, UsageError
 from .profiles import Settings
 from .sampling import SamplingParams
 from .stats import RunStats, render
@@ -195,18 +195,7 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
     if output.closed:
         status = EXIT_PIPE
     record = {**total.to_dict(), "settings": settings_record(s, draft_source, law)}
-    if stats_json:
-        try:
-            Path(stats_json).write_text(json.dumps(record, indent=1) + "\n")
-        except OSError as e:
-            err(f"mtpcli: warning: --stats-json {stats_json}: {e.strerror or e}")
-    if not quiet:
-        render(total, sys.stderr, sys.stderr.isatty(), title=f"mtpcli · {s.profile} · {law}")
-    if total.typical is not None:
-        t = total.typical_summary()
-        err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
-            f"accept_rate={t['accept_rate']:.3f} mean_entropy={t['mean_entropy']:.3f} "
-            f"tokens_per_cycle={total.tokens_per_cycle:.3f}")
+    report(total, record, quiet, stats_json, title=f"mtpcli · {s.profile} · {law}")
     if interrupted:
         err(f"mtpcli: interrupted after {total.generated_tokens} tokens")
     if output.closed:
@@ -219,6 +208,24 @@ def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | No
         prompt_text=prompt_text if log_prompts else None, log=log,
     )
     return status
+
+
+def report(total: RunStats, record: dict, quiet: bool, stats_json: str | None, title: str, extra: str = "") -> None:
+    """The end of a run on stderr (and --stats-json): the statistics, then the typical-acceptance summary."""
+    if stats_json:
+        try:
+            Path(stats_json).write_text(json.dumps(record, indent=1) + "\n")
+        except OSError as e:
+            err(f"mtpcli: warning: --stats-json {stats_json}: {e.strerror or e}")
+    if not quiet:
+        render(total, sys.stderr, sys.stderr.isatty(), title=title)
+        if extra:
+            err(extra)
+    if total.typical is not None:
+        t = total.typical_summary()
+        err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
+            f"accept_rate={t['accept_rate']:.3f} mean_entropy={t['mean_entropy']:.3f} "
+            f"tokens_per_cycle={total.tokens_per_cycle:.3f}")
 
 
 def _stream(engine: Engine, prompt: list[int], n: int, fmt: str, separator: str, output: Output,

@@ -10,7 +10,6 @@ prompt in input order as soon as every earlier row is out.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,9 +20,9 @@ from . import models
 from .batch_engine import BatchEngine, Request
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, ModelError, UsageError
 from .generate import (TYPICAL_TAG, Output, build_controller, build_engine, decode_config, encode_prompt, err,
-                       load_models, settings_record)
+                       load_models, report, settings_record)
 from .profiles import Settings
-from .stats import RunStats, render
+from .stats import RunStats
 
 
 @dataclass
@@ -203,19 +202,9 @@ def run(s: Settings, items: list[Item], quiet: bool, stats_json: str | None, sep
     if output.closed:
         status = EXIT_PIPE
     record = {**total.to_dict(), "batch": batch, "settings": settings_record(s, v["draft"], law)}
-    if stats_json:
-        try:
-            Path(stats_json).write_text(json.dumps(record, indent=1) + "\n")
-        except OSError as e:
-            err(f"mtpcli: warning: --stats-json {stats_json}: {e.strerror or e}")
-    if not quiet:
-        render(total, sys.stderr, sys.stderr.isatty(), title=f"mtpcli · {s.profile} · {law} · {len(items)} prompts")
-        err(f"batch: {len(items)} prompts ({failed} failed), batch size {size}, {batch['cycles']} cycles, "
-            f"{total.generated_tokens} tokens in {wall:.2f} s: {batch['throughput_tok_s']:.2f} tok/s in all")
-    if total.typical is not None:
-        t = total.typical_summary()
-        err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
-            f"accept_rate={t['accept_rate']:.3f}")
+    report(total, record, quiet, stats_json, title=f"mtpcli · {s.profile} · {law} · {len(items)} prompts",
+           extra=f"batch: {len(items)} prompts ({failed} failed), batch size {size}, {batch['cycles']} cycles, "
+                 f"{total.generated_tokens} tokens in {wall:.2f} s: {batch['throughput_tok_s']:.2f} tok/s in all")
     if status == EXIT_INTERRUPTED:
         err(f"mtpcli: interrupted after {total.generated_tokens} tokens")
     if failed and status == 0:
