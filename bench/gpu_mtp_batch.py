@@ -19,7 +19,7 @@ import time
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from gpu_shapes import SHAPES, CPU_ACCEPTANCE, cycle_time, expected_tokens, model
+from gpu_shapes import CPU_ACCEPTANCE, SHAPES, FixedProposer, cycle_time, expected_tokens, model
 from mtpcli.batch_engine import BatchEngine, Request
 from mtpcli.controller import FixedWidth
 from mtpcli.drafters.mtp import MtpDrafter
@@ -91,23 +91,8 @@ def main():
     widths = [1, 2, 4]
     cyc = {"plain": {0: cycle_time(m, None, 0, a.ctx, a.cycles)}}
     prompt = [(j % 50) + 1 for j in range(a.ctx)]  # periodic: the n-gram drafter always finds a match
-
-    def ngram_cycle(k):
-        from mtpcli.engine import Engine
-
-        eng = Engine(m, NgramDrafter(2, 4), FixedWidth(k), (), DecodeConfig(max_tokens=10**6))
-        gen = eng.generate(prompt)
-        for _ in range(3):
-            next(gen)
-        t = time.perf_counter()
-        for _ in range(a.cycles):
-            next(gen)
-        return (time.perf_counter() - t) / a.cycles, eng.stats.drafted
-
-    from gpu_shapes import FixedProposer
-
     cyc["zero_cost"] = {k: cycle_time(m, FixedProposer(), k, a.ctx, a.cycles) for k in widths}
-    cyc["ngram"] = {k: ngram_cycle(k)[0] for k in widths}
+    cyc["ngram"] = {k: cycle_time(m, NgramDrafter(2, 4), k, a.ctx, a.cycles, prompt) for k in widths}
     head = mtp_head(shape, dtype)
     cyc["mtp_1_layer"] = {k: cycle_time(m, MtpDrafter(head, m), k, a.ctx, a.cycles) for k in widths}
     res["cycle_s"] = cyc

@@ -101,9 +101,9 @@ class FixedProposer:
         pass
 
 
-def cycle_time(target, drafter, width: int, ctx: int, cycles: int) -> float:
+def cycle_time(target, drafter, width: int, ctx: int, cycles: int, prompt: list[int] | None = None) -> float:
     eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=10**6))
-    gen = eng.generate(list(range(1, ctx + 1)))
+    gen = eng.generate(prompt or list(range(1, ctx + 1)))
     for _ in range(3):  # warm
         next(gen)
     t = time.perf_counter()

@@ -16,20 +16,24 @@ from stattools import fits
 PROMPTS = ["def fib(n):", "the sea is ", "x = 1\ny = ", "abc"]
 
 
+def collect(loaded, drafter, controller, eos, prompt, n=1, **cfg):
+    """Run the engine on `prompt` and return (one token list per completion, the engine)."""
+    eng = Engine(loaded.model, drafter, controller, eos, DecodeConfig(**cfg))
+    outs = [[] for _ in range(n)]
+    for ev in eng.generate(list(loaded.tokenizer.encode(prompt)), n):
+        outs[ev.completion].extend(ev.tokens)
+    return outs, eng
+
+
 def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, **cfg):
     target, dmodel = tiny
-    ids = list(target.tokenizer.encode(prompt))
     if draft == "ngram":
         drafter = NgramDrafter(1, 3)
     else:
         drafter = ModelDrafter(dmodel.model, p_min=p_min) if draft else NoDraft()
     ctrl = controller or FixedWidth(width if draft else 0)
     eos = target.tokenizer.eos_token_ids if eos is None else eos
-    eng = Engine(target.model, drafter, ctrl, eos, DecodeConfig(**cfg))
-    outs = [[] for _ in range(n)]
-    for ev in eng.generate(ids, n):
-        outs[ev.completion].extend(ev.tokens)
-    return outs, eng
+    return collect(target, drafter, ctrl, eos, prompt, n, **cfg)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -127,8 +131,8 @@ def test_speculative_output_is_distributed_as_the_target(tiny, sp):
 def test_negative_control_a_wrong_law_fails_the_same_test(tiny, monkeypatch):
     exact = verify.exact
 
-    def wrong(p, q, draft, key):  # resample from p instead of the residual
-        v = exact(p, q, draft, key)
+    def wrong(p, q, draft, key, lengths=None):  # resample from p instead of the residual
+        v = exact(p, q, draft, key, lengths)
         from mtpcli.sampling import sample
         redo = sample(verify._at(p, v.n_accepted), mx.random.split(key)[1])
         return verify.Verdict(v.n_accepted, mx.where(v.n_accepted < draft.shape[-1], redo, v.token))

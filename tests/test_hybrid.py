@@ -8,10 +8,9 @@ from mtpcli.controller import FixedWidth
 from mtpcli.drafters import NoDraft
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
-from mtpcli.engine import DecodeConfig, Engine
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import target_marginals
+from test_engine import collect, target_marginals
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +21,7 @@ def hybrid(tmp_path_factory):
 
 
 def run(hybrid, drafter, width, prompt="abcabcab", n=1, **cfg):
-    ids = list(hybrid.tokenizer.encode(prompt))
-    eng = Engine(hybrid.model, drafter, FixedWidth(width), (), DecodeConfig(**cfg))
-    outs = [[] for _ in range(n)]
-    for ev in eng.generate(ids, n):
-        outs[ev.completion].extend(ev.tokens)
-    return outs, eng
+    return collect(hybrid, drafter, FixedWidth(width), (), prompt, n, **cfg)
 
 
 def test_hybrid_greedy_same_tokens_with_and_without_speculation(hybrid, tiny):

@@ -10,12 +10,12 @@ from mtpcli import models, mtp
 from mtpcli.controller import FixedWidth
 from mtpcli.drafters import NoDraft
 from mtpcli.drafters.mtp import MtpDrafter
-from mtpcli.engine import DecodeConfig, Engine
+
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from mtpcli.tiny import make_mtp_model
 from stattools import fits
-from test_engine import target_marginals
+from test_engine import collect, target_marginals
 
 FAMILIES = ["deepseek_v3", "qwen3_next", "qwen3_5"]
 
@@ -63,12 +63,7 @@ def ckpt(tmp_path_factory):
 
 
 def decode(loaded, drafter, width, prompt="abcabcab hello", n=1, **cfg):
-    ids = list(loaded.tokenizer.encode(prompt))
-    eng = Engine(loaded.model, drafter, FixedWidth(width), (), DecodeConfig(**cfg))
-    outs = [[] for _ in range(n)]
-    for ev in eng.generate(ids, n):
-        outs[ev.completion].extend(ev.tokens)
-    return outs, eng
+    return collect(loaded, drafter, FixedWidth(width), (), prompt, n, **cfg)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

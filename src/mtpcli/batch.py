@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from .errors import ModelError
-from .lm import plain_kv_cache, split_model, use_bucketed
+from .lm import CachedLM, plain_kv_cache, use_bucketed
 
 STEP = 256
 
@@ -94,18 +94,24 @@ class RaggedKVCache:
         return False
 
 
+def require_plain_cache(model, role: str) -> int:
+    """The model's layer count; refuses models with recurrent or windowed state (their rows cannot hold holes)."""
+    cache = make_prompt_cache(model)
+    if not plain_kv_cache(cache):
+        raise ModelError(f"the {role} keeps recurrent or windowed state; batched decoding needs a plain KV "
+                         "cache (use --batch-size 1)")
+    return len(cache)
+
+
 class BatchLM:
     """A model over B rows of ragged caches: splice prompts in, feed blocks, keep per-row prefixes."""
 
     def __init__(self, model, role: str = "model", prefill_step: int = 512, bucketed: bool | None = None):
-        if not plain_kv_cache(make_prompt_cache(model)):
-            raise ModelError(f"the {role} keeps recurrent or windowed state; batched decoding needs a plain KV "
-                             "cache (use --batch-size 1)")
+        layers = require_plain_cache(model, role)
         self.model, self.role, self.prefill_step = model, role, prefill_step
-        self.parts = split_model(model)
         self.bucketed = use_bucketed(bucketed)
         self.layout = Layout()
-        self.caches = [RaggedKVCache(self.layout, self.bucketed) for _ in make_prompt_cache(model)]
+        self.caches = [RaggedKVCache(self.layout, self.bucketed) for _ in range(layers)]
 
     @property
     def rows(self) -> int:
@@ -130,11 +136,8 @@ class BatchLM:
 
     def set_row(self, row: int, tokens: list[int]) -> None:
         """Prefill `tokens` alone and splice them into `row`, replacing whatever it held."""
-        single = make_prompt_cache(self.model)
-        for i in range(0, len(tokens), self.prefill_step):
-            chunk = mx.array(tokens[i : i + self.prefill_step])[None]
-            (self.parts[0] if self.parts else self.model)(chunk, cache=single)
-            mx.eval([c.state for c in single])
+        single = CachedLM(self.model, self.role, self.prefill_step, bucketed=False)
+        single.prefill(tokens)
         L, lay = len(tokens), self.layout
         if L > lay.write:  # make room on the left for every row
             grow = L - lay.write
@@ -151,7 +154,7 @@ class BatchLM:
         lay.valid[row, W - L : W] = True
         lay.pos[row] = L
         if L:
-            for c, s in zip(self.caches, single):
+            for c, s in zip(self.caches, single.cache):
                 k, v = s.keys[..., :L, :], s.values[..., :L, :]
                 B = self.rows
                 c._ensure(B, k.shape[1], k.shape[3], v.shape[3], k.dtype, W)

@@ -16,11 +16,9 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from . import verify
 from .batch import BatchLM
 from .controller import keep_members
-from .engine import DecodeConfig, Event, new_run
-from .sampling import probs
+from .engine import DecodeConfig, Event, judge, new_run
 from .stats import RunStats
 
 
@@ -58,8 +56,7 @@ class BatchEngine:
         self.target.set_row(b, req.prompt[:-1])
         if self.drafter is not None:
             self.drafter.set_row(b, req.prompt)
-        if hasattr(self.controller, "reset"):
-            self.controller.reset(b)
+        self.controller.reset(b)
         run = new_run(self.cfg, len(req.prompt))
         run.prefill_tokens, run.prefill_s = len(req.prompt), time.perf_counter() - t0
         self.runs[req.index] = run
@@ -75,7 +72,7 @@ class BatchEngine:
         if self.drafter is not None:
             self.drafter.add_rows(n)
         self.controller.batch = n
-        self.controller.reset() if hasattr(self.controller, "reset") else None
+        self.controller.reset()
         rows = [self._start(b, queue.popleft()) for b in range(n)]
         try:
             while rows:
@@ -111,26 +108,16 @@ class BatchEngine:
             drafts, q, lengths, requested = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits])
         else:
             drafts, q, lengths, requested = mx.zeros((B, 0), mx.int32), None, [0] * B, caps
-        k = drafts.shape[1]
         before = self.target.layout.pos.copy()
         inputs = mx.concatenate([mx.array([[c[-1]] for c in contexts], dtype=mx.int32), drafts], axis=1)
         logits = self.target.forward(inputs)  # (B, k+1, V): one target pass for the whole batch
-        keys = [s[2] for s in splits]
-        if cfg.law == "greedy":
-            v = verify.greedy(logits, drafts, lengths)
-        elif cfg.law == "exact":
-            v = verify.exact(probs(logits, cfg.sampling), q, drafts, keys, lengths)
-        else:
-            v = verify.typical(probs(logits, cfg.sampling), drafts, keys, cfg.typical_threshold, cfg.typical_eps, lengths)
-        extra = []
-        if v.entropy is not None:
-            reached = (mx.arange(k)[None] <= v.n_accepted[:, None]) & (mx.arange(k)[None] < mx.array(lengths)[:, None])
-            extra = [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)]
-        mx.eval(v.n_accepted, v.token, drafts, *extra)  # ONE host synchronisation per cycle
+        v, sums = judge(cfg, logits, drafts, q, [s[2] for s in splits], lengths)
+        mx.eval(v.n_accepted, v.token, drafts, *sums)  # ONE host synchronisation per cycle
         n_acc, tok, d = v.n_accepted.tolist(), v.token.tolist(), drafts.tolist()
+        sums = [x.tolist() for x in sums]
         self.target.truncate(before + np.array(n_acc) + 1)
-        for b, r in enumerate(rows):
-            new = d[b][: n_acc[b]] + [tok[b]]
+        news = [d[b][: n_acc[b]] + [tok[b]] for b in range(B)]
+        for r, new in zip(rows, news):
             r.context.extend(new)
         if self.drafter is not None:
             self.drafter.commit(contexts, n_acc)
@@ -138,8 +125,7 @@ class BatchEngine:
         self.controller.update(lengths, n_acc, seconds=seconds)
         self.cycles += 1
         for b, r in enumerate(rows):
-            self._record(r, lengths[b], requested[b], n_acc[b], r.context[len(r.context) - n_acc[b] - 1 :], seconds,
-                         [x[b].item() for x in extra])
+            self._record(r, lengths[b], requested[b], n_acc[b], news[b], seconds, [x[b] for x in sums])
 
     def _record(self, r: Row, k: int, requested: int, n: int, new: list[int], seconds: float, typical: list) -> None:
         run = r.run

@@ -32,6 +32,24 @@ class DecodeConfig:
         return "typical" if self.typical_threshold > 0 else "exact"
 
 
+def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | None, key,
+          lengths: list[int] | None = None) -> tuple[verify.Verdict, list[mx.array]]:
+    """The configured acceptance law on one verify pass (B rows). For the typical law also, per row, the entropy and
+    the floor summed over the positions its test reached (for the statistics); [] for the other laws."""
+    sp = cfg.sampling
+    if cfg.law == "greedy":
+        return verify.greedy(logits, drafts, lengths), []
+    if cfg.law == "exact":
+        return verify.exact(probs(logits, sp), q, drafts, key, lengths), []
+    v = verify.typical(probs(logits, sp), drafts, key, cfg.typical_threshold, cfg.typical_eps, lengths)
+    k = drafts.shape[1]
+    pos = mx.arange(k)[None]
+    reached = pos <= v.n_accepted[:, None]
+    if lengths is not None:
+        reached = reached & (pos < mx.array(lengths)[:, None])
+    return v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)]
+
+
 def new_run(cfg: DecodeConfig, prompt_tokens: int) -> RunStats:
     run = RunStats(prompt_tokens=prompt_tokens)
     if cfg.law == "typical":
@@ -87,8 +105,7 @@ class Engine:
                 run.prefill_tokens, run.prefill_s = len(prompt), prefill_s
             self.target.rollback(prompt_offset)
             self.drafter.restart()
-            if hasattr(self.controller, "reset"):
-                self.controller.reset()
+            self.controller.reset()
             key, sub = mx.random.split(key)
             try:
                 yield from self._complete(c, list(prompt), sub, t0 if c == 0 else time.perf_counter(), run)
@@ -131,23 +148,10 @@ class Engine:
         if proposal.k:
             self.target.mark()  # recurrent targets: snapshot before verify (no-op otherwise)
         logits = self.target.forward(inputs)  # (1, k+1, V)
-        drafts = proposal.tokens[None]
-        law, sp = self.cfg.law, self.cfg.sampling
-        if law == "greedy":
-            v = verify.greedy(logits, drafts)
-        elif law == "exact":
-            q = None if proposal.q is None else proposal.q[None]
-            v = verify.exact(probs(logits, sp), q, drafts, key)
-        else:
-            v = verify.typical(probs(logits, sp), drafts, key, self.cfg.typical_threshold, self.cfg.typical_eps)
-        if v.entropy is None:
-            mx.eval(v.n_accepted, v.token)
-            return v.n_accepted.item(), v.token.item()
-        k = proposal.k
-        reached = mx.arange(k) <= v.n_accepted[0]  # positions the typical test looked at
-        h_sum = (v.entropy[0, :k] * reached).sum()
-        f_sum = (v.floor[0, :k] * reached).sum()
-        mx.eval(v.n_accepted, v.token, h_sum, f_sum)
-        n_acc = v.n_accepted.item()
-        run.record_typical(min(n_acc + 1, k), n_acc, n_acc < k, h_sum.item(), f_sum.item())
+        q = None if proposal.q is None else proposal.q[None]
+        v, sums = judge(self.cfg, logits, proposal.tokens[None], q, key)
+        mx.eval(v.n_accepted, v.token, *sums)
+        n_acc, k = v.n_accepted.item(), proposal.k
+        if sums:
+            run.record_typical(min(n_acc + 1, k), n_acc, n_acc < k, sums[0].item(), sums[1].item())
         return n_acc, v.token.item()

@@ -173,9 +173,11 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     if spec.layout == "mimo" or family not in SUPPORTED:
         raise ModelError(f"MTP heads of this checkpoint ({spec.describe()}, model type '{family}') are not supported; "
                          f"supported: DeepSeek-V3 and Qwen3-Next/Qwen3.5 layouts ({', '.join(SUPPORTED)})")
+    prefix = _main_layer_prefix(weight_keys(folder), spec)  # e.g. model.layers. / model.language_model.layers.
+    final_norm = prefix[: -len("layers.")] + "norm.weight"
     raw: dict[str, mx.array] = {}
     for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors"))):
-        raw.update({k: v for k, v in mx.load(f).items() if spec.owns(k) or k.endswith("norm.weight")})
+        raw.update({k: v for k, v in mx.load(f).items() if spec.owns(k) or k == final_norm})
     first = spec.prefix if spec.layout == "deepseek" else spec.prefix + "layers.0."
     own = {k[len(spec.prefix):]: v for k, v in raw.items() if k.startswith(spec.prefix) and not k.startswith(first)}
     layer_raw = {k[len(first):]: v for k, v in raw.items() if k.startswith(first)}
@@ -188,13 +190,12 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     layer, idx = _layer_module(model, moe)
 
     # The layer goes through mlx-lm's own sanitize, renamed as a main layer (expert stacking, fp8, MLA split).
-    prefix = _main_layer_prefix(weight_keys(folder), spec)
     out = model.sanitize({f"{prefix}{idx}.{k}": v for k, v in layer_raw.items()})
     layer_w = {m.group(1): v for k, v in out.items() if (m := re.match(rf".*\blayers\.{idx}\.(.*)", k))}
 
     # Zero-centred norms: shift exactly when mlx-lm shifted the main model's final norm.
     inner, _ = split_model(model)
-    final = raw.get(prefix[: -len("layers.")] + "norm.weight")
+    final = raw.get(final_norm)
     shifted = final is not None and mx.allclose(inner.norm.weight, final + 1.0).item() and not mx.allclose(
         inner.norm.weight, final).item()
     if shifted:

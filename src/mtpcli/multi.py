@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from . import models
+from .batch import require_plain_cache
 from .batch_engine import BatchEngine, Request
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, ModelError, UsageError
 from .generate import (TYPICAL_TAG, Output, build_controller, build_engine, decode_config, encode_prompt, err,
@@ -118,10 +119,8 @@ def _batch_parts(s: Settings, target: models.Loaded, draft: models.Loaded | None
     v = s.values
     if v["draft"] == "mtp":
         return None, "MTP heads draft from the target's hidden states one sequence at a time"
-    from .batch import BatchLM
-
     try:
-        BatchLM(target.model, "target model")
+        require_plain_cache(target.model, "target model")
         if v["draft"] == "model":
             return ModelBatchDrafter(draft.model, v["p_min"], v["prefill_step"]), None
     except ModelError as e:
@@ -166,7 +165,7 @@ def run(s: Settings, items: list[Item], quiet: bool, stats_json: str | None, sep
     for it in items:
         if it.error:
             err(f"mtpcli: row {it.index}: {it.error}")
-    law = "greedy" if v["temp"] == 0 else ("typical" if v["typical_threshold"] > 0 else "exact")
+    law = decode_config(s).law
     if law == "typical":
         err(f"{TYPICAL_TAG} threshold={v['typical_threshold']} eps={v['typical_eps']}")
     drafter, reason = _batch_parts(s, target, draft) if requests else (None, None)

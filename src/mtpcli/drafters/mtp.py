@@ -61,18 +61,15 @@ class MtpDrafter:
             return empty()
         hidden, tokens = self.pending
         self.pending = None
-        state = {}
+        self._committed = self.offset + hidden.shape[1]  # the cache entries once the pending pairs are fed
+        h = None
 
         def step(t):
-            h, logits = self._run(hidden, tokens) if t is None else self._run(state["h"], t)
-            if t is None:
-                state["committed"] = self.offset
-            state["h"] = h[:, -1:]
+            nonlocal h
+            h, logits = self._run(hidden, tokens) if t is None else self._run(h[:, -1:], t)
             return logits[0, -1]
 
-        proposal = autoregress(step, k, sp, key, self.p_min)
-        self._committed = state["committed"]
-        return proposal
+        return autoregress(step, k, sp, key, self.p_min)
 
     def commit(self, context: list[int], proposal: Proposal, n_accepted: int, hidden: mx.array | None = None) -> None:
         """Cut the speculative entries; the new pairs are the verified positions 0..n_accepted with the
