@@ -182,3 +182,21 @@ def test_recurrent_targets_and_mtp_fall_back_to_one_after_another(cli, tmp_path)
             "--no-chat", "-q")
     assert r.returncode == 0, r.stderr.decode()
     assert "MTP heads" in r.stderr.decode() and [row["index"] for row in _rows(r.stdout)] == [0, 1]
+
+
+def test_batch_flags_and_fields_are_documented(cli, tiny_paths, tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    helptext = cli("generate", "--help", env={"COLUMNS": "300"}).stdout.decode()
+    for flag in ("--prompt-file", "--prompts-jsonl", "--batch-size", "--separator"):
+        assert flag in helptext and flag in readme, flag
+    src = tmp_path / "p.jsonl"
+    src.write_text(json.dumps({"prompt": "abc"}) + "\n")
+    stats = tmp_path / "s.json"
+    r = cli("generate", "-m", tiny_paths["target"], "--prompts-jsonl", str(src), "--max-tokens", "4", "--no-chat",
+            "-q", "--stats-json", str(stats))
+    batch = json.loads(stats.read_text())["batch"]
+    assert r.returncode == 0
+    for field in batch:
+        assert f"`{field}`" in readme, field

@@ -21,7 +21,7 @@ def udir(tmp_path, monkeypatch):
 
 def test_every_shipped_profile_loads_validates_and_says_what_it_is_for():
     names = set(profiles.available())
-    assert {"exact", "typical-0.09", "typical-0.20", "adaptive", "fixed-4", "agent-json"} <= names
+    assert {"exact", "typical-0.09", "typical-0.20", "adaptive", "fixed-4", "agent-json", "ngram"} <= names
     for name, path in profiles.available().items():
         p = profiles.load(name)
         first = path.read_text().splitlines()[0]
