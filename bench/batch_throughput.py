@@ -5,7 +5,7 @@ plain (no draft), the draft model at fixed width 4, and the draft model with the
 shared width per cycle). Reports total decode tokens/s (all rows, prefill excluded), the mean per-row decode
 tok/s, tokens per cycle per row and acceptance, so a collapse of acceptance with the batch would show.
 
-  python bench/batch_throughput.py --model M --draft-model D --prompts bench/prompts --sizes 1,4,16 \
+  python bench/batch_throughput.py --model M --draft-model D --prompts src/mtpcli/bench_prompts --sizes 1,4,16 \
       --max-tokens 32 --prompt-tokens 64 --out result.json
 """
 

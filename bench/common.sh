@@ -5,5 +5,5 @@ out=${1:-docs/perf/cpu}
 mkdir -p "$out"
 M="--model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --no-log"
 T1="--temp 1.0 --top-p 0.95 --top-k 20"
-P=bench/prompts
+P=src/mtpcli/bench_prompts
 run() { name=$1; shift; echo "== $name: mtpcli bench $*" | tee "$out/$name.txt"; mtpcli bench "$@" --out "$out/$name.json" | tee -a "$out/$name.txt"; }

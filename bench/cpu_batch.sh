@@ -5,4 +5,4 @@ set -euo pipefail
 out=${1:-docs/perf/cpu}
 mkdir -p "$out"
 python3 "$(dirname "$0")/batch_throughput.py" --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \
-    --prompts bench/prompts --sizes 1,4,16 --max-tokens 32 --prompt-tokens 64 --out "$out/batch.json" | tee "$out/batch.txt"
+    --prompts src/mtpcli/bench_prompts --sizes 1,4,16 --max-tokens 32 --prompt-tokens 64 --out "$out/batch.json" | tee "$out/batch.txt"

@@ -7,7 +7,7 @@ Reads the greedy outputs of `mtpcli bench --out` JSON files (any arm at temp 0),
 target's tokenizer, and reports tokens per cycle and drafted tokens per cycle for each (ngram_min, ngram_max) and
 width, per prompt and in all.
 
-  python bench/ngram_sweep.py --model qwen2.5-coder-1.5b --prompts bench/prompts docs/perf/cpu/*.json
+  python bench/ngram_sweep.py --model qwen2.5-coder-1.5b --prompts src/mtpcli/bench_prompts docs/perf/cpu/*.json
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@
 set -euo pipefail
 out=${1:-$(mktemp -d)}
 mkdir -p "$out"
-python3 -c "
-from mtpcli.tiny import make_model, noisy_copy
+PYTHONPATH=tests python3 -c "
+from tiny import make_model, noisy_copy
 make_model('$out/target', hidden=128, layers=4); noisy_copy('$out/target', '$out/draft', noise=0.1)"
 for t in 0 1; do
   mtpcli bench --model "$out/target" --draft-model "$out/draft" --profiles exact --baseline ar --baseline mlx-lm \
-    --baseline mlx-lm-plain --prompts bench/prompts/code --seeds 3 --max-tokens 64 --temp $t --no-chat --no-log \
+    --baseline mlx-lm-plain --prompts src/mtpcli/bench_prompts/code --seeds 3 --max-tokens 64 --temp $t --no-chat --no-log \
     --out "$out/tiny-t$t.json"
 done

@@ -17,7 +17,7 @@ def _isolated_dirs(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory):
-    from mtpcli.tiny import make_model, noisy_copy
+    from tiny import make_model, noisy_copy
 
     root = tmp_path_factory.mktemp("tiny")
     target = make_model(root / "target")

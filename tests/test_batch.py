@@ -166,7 +166,7 @@ def test_cli_json_document_and_batch_stats(cli, tiny_paths, tmp_path):
 
 
 def test_recurrent_targets_and_mtp_fall_back_to_one_after_another(cli, tmp_path):
-    from mtpcli.tiny import make_hybrid_model
+    from tiny import make_hybrid_model
 
     path = make_hybrid_model(tmp_path / "h")
     src = tmp_path / "p.jsonl"
@@ -175,7 +175,7 @@ def test_recurrent_targets_and_mtp_fall_back_to_one_after_another(cli, tmp_path)
             "--no-chat", "-q")
     assert r.returncode == 0, r.stderr.decode()
     assert "one after another" in r.stderr.decode() and len(_rows(r.stdout)) == 2
-    from mtpcli.tiny import make_mtp_model
+    from tiny import make_mtp_model
 
     heads = make_mtp_model(tmp_path / "ds", "deepseek_v3")
     r = cli("generate", "-m", str(heads), "--prompts-jsonl", str(src), "--format", "jsonl", "--max-tokens", "8",

@@ -141,7 +141,7 @@ def test_missing_model(cli):
 
 
 def test_draft_with_other_vocabulary_is_refused(cli, tiny_paths, tmp_path):
-    from mtpcli.tiny import VOCAB, make_model
+    from tiny import VOCAB, make_model
 
     other = make_model(tmp_path / "other", vocab=VOCAB[:-1] + ["?"])
     r = cli("generate", "--model", tiny_paths["target"], "--draft-model", other, input=b"abc")
@@ -151,7 +151,7 @@ def test_draft_with_other_vocabulary_is_refused(cli, tiny_paths, tmp_path):
 
 
 def test_prompt_longer_than_context(cli, tmp_path):
-    from mtpcli.tiny import make_model
+    from tiny import make_model
 
     small = make_model(tmp_path / "small", max_positions=16)
     r = cli("generate", "--model", small, "--no-chat", input=b"a" * 40)

@@ -9,23 +9,25 @@ from mtpcli.controller import CostAwareController, EmaController, FixedWidth
 from mtpcli.drafters import NoDraft
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
-from mtpcli.engine import DecodeConfig, Engine
+from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams, probs
 from stattools import fits
 
 PROMPTS = ["def fib(n):", "the sea is ", "x = 1\ny = ", "abc"]
 
 
-def collect(loaded, drafter, controller, eos, prompt, n=1, **cfg):
-    """Run the engine on `prompt` and return (one token list per completion, the engine)."""
-    eng = Engine(loaded.model, drafter, controller, eos, DecodeConfig(**cfg))
+def collect(loaded, drafter, controller, eos, prompt, n=1, batch_size=1, **cfg):
+    """Run the engine on n completions of `prompt` (-n) and return (one token list per completion, the engine)."""
+    cfg = DecodeConfig(**cfg)
+    eng = Engine(loaded.model, drafter, controller, eos, cfg, batch_size=batch_size)
+    ids = list(loaded.tokenizer.encode(prompt))
     outs = [[] for _ in range(n)]
-    for ev in eng.generate(list(loaded.tokenizer.encode(prompt)), n):
-        outs[ev.completion].extend(ev.tokens)
+    for ev in eng.generate([Request(c, ids, cfg.max_tokens, cfg.seed, c) for c in range(n)]):
+        outs[ev.request].extend(ev.tokens)
     return outs, eng
 
 
-def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, **cfg):
+def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, batch_size=1, **cfg):
     target, dmodel = tiny
     if draft == "ngram":
         drafter = NgramDrafter(1, 3)
@@ -33,7 +35,7 @@ def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, e
         drafter = ModelDrafter(dmodel.model, p_min=p_min) if draft else NoDraft()
     ctrl = controller or FixedWidth(width if draft else 0)
     eos = target.tokenizer.eos_token_ids if eos is None else eos
-    return collect(target, drafter, ctrl, eos, prompt, n, **cfg)
+    return collect(target, drafter, ctrl, eos, prompt, n, batch_size, **cfg)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -80,7 +82,7 @@ def test_confidence_floor_cuts_drafts_and_stays_lossless(tiny):
 def test_adaptive_run_uses_several_widths_within_bounds(tiny):
     _, eng = decode(tiny, "def fib(n):", controller=EmaController(2, 6), max_tokens=96,
                     sampling=SamplingParams(temp=0.7))
-    widths = eng.controller.history[0]
+    widths = eng.runs[0].width_trace
     assert len(set(widths)) > 1
     # the last cycles may be narrowed by max_tokens; all others lie within [n_min, n_max]
     assert all(2 <= w <= 6 for w in widths[:-2])
@@ -101,26 +103,27 @@ def target_marginals(target, ids, sp):
     return p1, p2
 
 
-def sampled_pairs(tiny, sp, seed=0):
-    outs, eng = decode(tiny, "the sea is ", width=3, n=N, max_tokens=3, sampling=sp, seed=seed, eos=())
+def sampled_pairs(tiny, sp, seed=0, batch_size=250, p_min=0.0):
+    outs, eng = decode(tiny, "the sea is ", width=3, n=N, max_tokens=3, sampling=sp, seed=seed, eos=(),
+                       batch_size=batch_size, p_min=p_min)
     arr = np.array([o[:2] for o in outs])
     return arr[:, 0], arr[:, 1], eng
 
 
-EXACT_CASES = [
-    SamplingParams(temp=0.7),
-    SamplingParams(temp=1.0),
-    SamplingParams(temp=1.0, top_k=8, top_p=0.9),
-    SamplingParams(temp=0.7, top_p=0.8),
+EXACT_CASES = [  # (sampling, rows decoded together: 1 is the dense one-row cache, 250 the ragged one)
+    (SamplingParams(temp=0.7), 250),
+    (SamplingParams(temp=1.0), 1),
+    (SamplingParams(temp=1.0, top_k=8, top_p=0.9), 250),
+    (SamplingParams(temp=0.7, top_p=0.8), 250),
 ]
 
 
-@pytest.mark.parametrize("sp", EXACT_CASES, ids=str)
-def test_speculative_output_is_distributed_as_the_target(tiny, sp):
+@pytest.mark.parametrize("sp,batch_size", EXACT_CASES, ids=str)
+def test_speculative_output_is_distributed_as_the_target(tiny, sp, batch_size):
     target, _ = tiny
     ids = list(target.tokenizer.encode("the sea is "))
     p1, p2 = target_marginals(target, ids, sp)
-    first, second, eng = sampled_pairs(tiny, sp)
+    first, second, eng = sampled_pairs(tiny, sp, batch_size=batch_size)
     V = len(p1)
     assert 0.2 < eng.stats.acceptance_rate < 0.95  # partial acceptance: the law really works
     assert eng.stats.reached[1] > N / 4  # the second drafted position was exercised
@@ -131,10 +134,9 @@ def test_speculative_output_is_distributed_as_the_target(tiny, sp):
 def test_negative_control_a_wrong_law_fails_the_same_test(tiny, monkeypatch):
     exact = verify.exact
 
-    def wrong(p, q, draft, key, lengths=None):  # resample from p instead of the residual
-        v = exact(p, q, draft, key, lengths)
-        from mtpcli.sampling import sample
-        redo = sample(verify._at(p, v.n_accepted), mx.random.split(key)[1])
+    def wrong(p, q, draft, keys, lengths=None):  # resample from p instead of the residual
+        v = exact(p, q, draft, keys, lengths)
+        redo = verify._sample_rows(verify._at(p, v.n_accepted), [mx.random.split(k)[1] for k in keys])
         return verify.Verdict(v.n_accepted, mx.where(v.n_accepted < draft.shape[-1], redo, v.token))
 
     sp = SamplingParams(temp=1.0)
@@ -151,7 +153,7 @@ def test_ngram_drafting_is_exact_at_t1(tiny):
     prompt = "abcabcabcab"
     ids = list(target.tokenizer.encode(prompt))
     p1, p2 = target_marginals(target, ids, sp)
-    outs, eng = decode(tiny, prompt, draft="ngram", width=3, n=N, max_tokens=3, sampling=sp, eos=())
+    outs, eng = decode(tiny, prompt, draft="ngram", width=3, n=N, max_tokens=3, sampling=sp, eos=(), batch_size=250)
     arr = np.array([o[:2] for o in outs])
     assert eng.stats.reached[0] == eng.stats.cycles or eng.stats.reached[0] > N / 2  # it proposed
     assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
@@ -160,8 +162,8 @@ def test_ngram_drafting_is_exact_at_t1(tiny):
 
 def test_ngram_proposes_the_continuation_of_the_latest_match():
     d = NgramDrafter(1, 3)
+    d.add_rows(3)
     ctx = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
-    prop = d.propose(ctx, 3, None, None)
-    assert prop.tokens.tolist() == [9, 2, 5] and prop.q is None  # latest "5 6 7" was followed by 9
-    assert d.propose([1, 2, 3], 3, None, None).k == 0  # no earlier occurrence: nothing proposed
-    assert d.propose(ctx, 0, None, None).k == 0
+    prop = d.propose([ctx, [1, 2, 3], ctx], [3, 3, 0], None, None)
+    assert prop.q is None and prop.lengths == [3, 0, 0]  # no earlier occurrence / width 0: nothing proposed
+    assert prop.tokens[0].tolist() == [9, 2, 5]  # the latest "5 6 7" was followed by 9

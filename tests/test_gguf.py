@@ -61,7 +61,7 @@ def source(tmp_path_factory):
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load_model
 
-    from mtpcli.tiny import make_model
+    from tiny import make_model
 
     root = tmp_path_factory.mktemp("gguf")
     folder = make_model(root / "src", vocab=TOKENS, hidden=64)

@@ -15,7 +15,7 @@ from test_engine import collect, target_marginals
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    from mtpcli.tiny import make_hybrid_model
+    from tiny import make_hybrid_model
 
     return models.load(str(make_hybrid_model(tmp_path_factory.mktemp("hybrid") / "h")))
 

@@ -13,7 +13,7 @@ from mtpcli.drafters.mtp import MtpDrafter
 
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
-from mtpcli.tiny import make_mtp_model
+from tiny import make_mtp_model
 from stattools import fits
 from test_engine import collect, target_marginals
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import models, profiles, runlog
+from . import models, profiles, prompts, runlog
+from .engine import Request
 from .errors import UsageError
 from .generate import build_engine, encode_prompt, settings_record, settle_draft
 from .stats import RunStats
@@ -28,31 +29,6 @@ class Arm:
     outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def read_prompts(source: str) -> list[tuple[str, str]]:
-    """(name, text) pairs: every *.txt under a folder (recursively), a .jsonl file of {"prompt": ...}, or one
-    text file; several of these separated by commas."""
-    if "," in source:
-        return [row for part in source.split(",") if part for row in read_prompts(part)]
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(path.rglob("*.txt"))
-        if not files:
-            raise UsageError(f"--prompts {source}: no .txt files in that folder")
-        return [(f.stem, f.read_text(encoding="utf-8", errors="replace")) for f in files]
-    if not path.is_file():
-        raise UsageError(f"--prompts {source}: no such file or folder")
-    if path.suffix == ".jsonl":
-        rows = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append((f"{path.stem}:{i}", json.loads(line)["prompt"]))
-                except (ValueError, KeyError, TypeError):
-                    raise UsageError(f"--prompts {source}: line {i} is not a JSON object with a 'prompt'") from None
-        return rows
-    return [(path.stem, path.read_text(encoding="utf-8", errors="replace"))]
-
-
 def fit_length(ids: list[int], n: int | None) -> list[int]:
     if not n:
         return ids
@@ -65,7 +41,7 @@ def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
     engine = build_engine(s, target, draft if s.values["draft"] == "model" else None)
     mx.reset_peak_memory()
     tokens, first = [], None
-    for ev in engine.generate(prompt):
+    for ev in engine.generate([Request(0, prompt, max_tokens, seed)]):
         tokens.extend(ev.tokens)
         if first is None:
             first = (len(tokens), time.perf_counter())
@@ -111,10 +87,7 @@ def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
 def summarize(arm: Arm) -> dict[str, Any]:
     per_seed = []
     for seed, runs in sorted(arm.runs.items()):
-        total = runs[0]
-        for r in runs[1:]:
-            total = total.merge(r)
-        per_seed.append(total)
+        per_seed.append(RunStats.total(runs))
     def mmm(values):  # noqa: E306
         values = [v for v in values if v is not None]
         return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
@@ -135,7 +108,7 @@ def summarize(arm: Arm) -> dict[str, Any]:
 
 
 def bench(*, model: str, draft_model: str | None, draft: str | None, profile_names: list[str], seeds: int,
-          prompts: str, max_tokens: int, prompt_tokens: int | None, baselines: list[str], flags: dict[str, Any],
+          prompt_source: str | None, max_tokens: int, prompt_tokens: int | None, baselines: list[str], flags: dict[str, Any],
           argv: list[str], log: bool = True, progress=None) -> dict[str, Any]:
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(model=model, draft_model=draft_model, draft=draft)
@@ -156,10 +129,9 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     if draft_model:
         dmodel = models.load(draft_model, "draft model")
         models.check_pair(target, dmodel)
-    texts = read_prompts(prompts)
     first = arms[0].settings.values
-    encoded = [(name, fit_length(encode_prompt(target.tokenizer, text, first["chat"], first["system"]), prompt_tokens))
-               for name, text in texts]
+    encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first["chat"], first["system"]),
+                                    prompt_tokens)) for it in prompts.bench_set(prompt_source)]
 
     def one(arm, ids, seed, n):
         if arm.kind == "mlx-lm":
@@ -189,11 +161,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
         s["ratio"] = s["decode_tps"]["median"] / base if base else None
     if log:
         for arm, s in zip(arms, summaries):
-            total = [r for runs in arm.runs.values() for r in runs]
-            agg = total[0]
-            for r in total[1:]:
-                agg = agg.merge(r)
-            rec = {**agg.to_dict(), "settings": {**settings_record(arm.settings, arm.settings.values["draft"],
+            agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
+            rec = {**agg.to_dict(), "settings": {**settings_record(arm.settings,
                                                                    "mlx-lm" if arm.kind == "mlx-lm" else _law(arm)),
                                                  "bench_arm": arm.name}}
             runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,

@@ -84,26 +84,15 @@ def generate(
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
+    from . import prompts
 
     flags = {k: v for k, v in locals().items() if k in SCHEMA}
     settings = profiles.resolve(profile or _global["profile"], flags)
-    files = prompt_file or []
-    if prompts_jsonl or len(files) > 1 or any(os.path.isdir(f) for f in files):
-        from . import multi
-
-        if prompt is not None:
-            raise UsageError("give either --prompt or several prompts (--prompt-file, --prompts-jsonl), not both")
-        if num_completions > 1:
-            raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
-        if "-" in files:
-            raise UsageError("--prompt-file -: stdin can be one of several prompts only through --prompts-jsonl")
-        items = multi.read_items(files, prompts_jsonl)
-        raise typer.Exit(multi.run(settings, items, quiet, stats_json, separator, sys.argv[1:], batch_size,
-                                   log=not no_log))
-    text, _ = gen.read_prompt(prompt, files[0] if files else None)
-    status = gen.run(settings, text, num_completions, quiet, stats_json, separator, sys.argv[1:],
-                     log=not no_log, log_prompts=log_prompts)
-    raise typer.Exit(status)
+    items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
+    if num_completions > 1 and not single:
+        raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
+    raise typer.Exit(gen.run(settings, items, single, num_completions, quiet, stats_json, separator, sys.argv[1:],
+                             batch_size, log=not no_log, log_prompts=log_prompts))
 
 
 @app.command()
@@ -207,7 +196,7 @@ def bench_cmd(
     draft: Optional[str] = _opt("draft"),
     profiles_: str = typer.Option("exact", "--profiles", help="Comma-separated profiles, one arm each; the first is the reference."),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds 0..N-1, each run on every prompt."),
-    prompts: str = typer.Option(..., "--prompts", help="A folder of .txt prompts, a .jsonl file of {\"prompt\"}, or one text file."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Folders of .txt prompts (recursive), .jsonl files of {\"prompt\"} or text files, comma-separated (default: the shipped content classes)."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens per run."),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="Cut or repeat every prompt to N tokens."),
     baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Add an arm: ar (plain decoding), mlx-lm (its speculative decoding) or mlx-lm-plain."),
@@ -230,7 +219,7 @@ def bench_cmd(
             raise UsageError(f"--baseline {x!r}: choose ar, mlx-lm or mlx-lm-plain")
     flags = dict(temp=temp, top_p=top_p, top_k=top_k, num_draft_tokens=num_draft_tokens, chat=chat)
     result = b.bench(model=model, draft_model=draft_model, draft=draft,
-                     profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompts=prompts,
+                     profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
                      argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
     if out:

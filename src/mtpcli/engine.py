@@ -1,17 +1,26 @@
-"""The decode loop: prefill, then cycles of draft -> verify (one target pass) -> commit -> roll back."""
+"""The decode engine: requests in, events out; one prompt is a batch of one row.
+
+Each cycle: plan ONE width for the batch (controller), propose (drafter), one target pass over every row, one
+acceptance law, one host sync, commit, roll back. Rows that finish are refilled from the queue; when it is empty
+they leave the batch. A row draws only with its own keys (the same schedule whatever its neighbours), so at a
+fixed width a row gives exactly the tokens it gives alone. Plain steps (width 0) are launched before the previous
+one is read back, so the device computes step t+1 while the host handles step t, as mlx-lm's own loop does.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import mlx.core as mx
+import numpy as np
 
 from . import verify
-from .controller import FixedWidth
-from .drafters import NoDraft, Proposal
-from .lm import CachedLM
+from .cache import LM
+from .controller import FixedWidth, keep_members
+from .drafters import NoDraft, empty
 from .sampling import SamplingParams, probs
 from .stats import RunStats
 
@@ -32,126 +41,215 @@ class DecodeConfig:
         return "typical" if self.typical_threshold > 0 else "exact"
 
 
-def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | None, key,
-          lengths: list[int] | None = None) -> tuple[verify.Verdict, list[mx.array]]:
+def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | None, keys: list,
+          lengths: list[int]) -> tuple[verify.Verdict, list[mx.array]]:
     """The configured acceptance law on one verify pass (B rows). For the typical law also, per row, the entropy and
     the floor summed over the positions its test reached (for the statistics); [] for the other laws."""
     sp = cfg.sampling
     if cfg.law == "greedy":
         return verify.greedy(logits, drafts, lengths), []
     if cfg.law == "exact":
-        return verify.exact(probs(logits, sp), q, drafts, key, lengths), []
-    v = verify.typical(probs(logits, sp), drafts, key, cfg.typical_threshold, cfg.typical_eps, lengths)
+        return verify.exact(probs(logits, sp), q, drafts, keys, lengths), []
+    v = verify.typical(probs(logits, sp), drafts, keys, cfg.typical_threshold, cfg.typical_eps, lengths)
+    pos = mx.arange(drafts.shape[1])[None]
+    reached = (pos <= v.n_accepted[:, None]) & (pos < mx.array(lengths)[:, None])
     k = drafts.shape[1]
-    pos = mx.arange(k)[None]
-    reached = pos <= v.n_accepted[:, None]
-    if lengths is not None:
-        reached = reached & (pos < mx.array(lengths)[:, None])
     return v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)]
 
 
-def new_run(cfg: DecodeConfig, prompt_tokens: int) -> RunStats:
-    run = RunStats(prompt_tokens=prompt_tokens)
-    if cfg.law == "typical":
-        run.typical = {"enabled": True, "threshold": cfg.typical_threshold, "eps": cfg.typical_eps,
-                       "distribution_exact": False}
-    return run
+@dataclass
+class Request:
+    index: int
+    prompt: list[int]
+    max_tokens: int
+    seed: int
+    completion: int = 0  # the c-th completion of its prompt and seed (-n): its keys are the (c+1)-th split
 
 
 @dataclass
 class Event:
-    completion: int
+    request: int
     tokens: list[int]  # newly committed tokens (EOS excluded)
-    finish_reason: str | None = None  # "stop" | "length" when the completion ends
+    finish_reason: str | None = None  # "stop" | "length" when the request ends
+
+
+@dataclass
+class Row:
+    req: Request
+    context: list[int]
+    key: mx.array
+    run: RunStats
+    started: float
+    generated: int = 0
+    done: bool = False
+
+
+@dataclass
+class Cycle:
+    """A launched cycle: what the device will answer, for the rows it was launched for."""
+    rows: list[Row]
+    width: int
+    lengths: list[int]
+    requested: list[int]
+    drafts: mx.array
+    verdict: verify.Verdict
+    sums: list[mx.array]
+    before: np.ndarray
+    t0: float
+
+
+def row_key(req: Request) -> mx.array:
+    key = mx.random.key(req.seed)
+    for _ in range(req.completion + 1):
+        key, sub = mx.random.split(key)
+    return sub
 
 
 class Engine:
-    def __init__(self, model, drafter=None, controller=None, eos_token_ids=(), config=DecodeConfig()):
+    def __init__(self, model, drafter=None, controller=None, eos_token_ids=(), config=DecodeConfig(),
+                 batch_size: int = 1):
         self.drafter = drafter or NoDraft()
-        self.target = CachedLM(model, role="target model", prefill_step=config.prefill_step,
-                               hidden=self.drafter.needs_hidden)
+        self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden)
+        if self.drafter.speculates:
+            self.target.require_rollback()  # refused before any decoding, not at the first rejection
         self.controller = controller or FixedWidth(0)
-        self.eos = set(eos_token_ids)
-        self.cfg = config
-        if not isinstance(self.drafter, NoDraft):
-            self.target.require_rollback()  # refuse before any decoding, not at the first rejection
-        self.runs: list[RunStats] = []  # one per completion; the first also carries the prefill
+        self.eos, self.cfg = set(eos_token_ids), config
+        limits = [batch_size] + [m for m in (self.drafter.max_rows, 1 if self.target.one_row else None) if m]
+        self.batch_size = max(1, min(limits))
+        self.runs: dict[int, RunStats] = {}  # request index -> its statistics
+        self.cycles, self.wall_s = 0, 0.0
+        self.rows: list[Row] = []
+        self._t_last = 0.0
 
     @property
     def stats(self) -> RunStats:
-        """The aggregate over all completions so far."""
-        total = self.runs[0] if self.runs else RunStats()
-        for run in self.runs[1:]:
-            total = total.merge(run)
-        return total
+        """The aggregate over every request so far."""
+        return RunStats.total(list(self.runs.values()))
 
-    def _new_run(self, prompt_tokens: int) -> RunStats:
-        run = new_run(self.cfg, prompt_tokens)
-        self.runs.append(run)
-        return run
+    def generate(self, requests: list[Request]) -> Iterator[Event]:
+        """Events of every request, in the order they happen."""
+        t_start = time.perf_counter()
+        queue = deque(requests)
+        n = min(self.batch_size, len(queue))
+        for part in (self.target, self.drafter):
+            part.keep_rows([])
+            part.add_rows(n)
+        self.controller.batch = n
+        self.controller.reset()
+        self.rows = [self._start(b, queue.popleft()) for b in range(n)]
+        pending = None
+        try:
+            while self.rows or pending:
+                chain = pending is not None and not self.drafter.speculates
+                nxt = self._launch(pending) if chain and self.rows else None
+                if pending is not None:
+                    yield from self._complete(pending)
+                    self._refill(queue)
+                pending = nxt if chain else (self._launch(None) if self.rows else None)
+        finally:
+            self.wall_s = time.perf_counter() - t_start
 
-    def generate(self, prompt: list[int], n: int = 1) -> Iterator[Event]:
-        """Decode `n` independent completions of `prompt`, which is prefilled once."""
+    def _start(self, b: int, req: Request) -> Row:
         t0 = time.perf_counter()
-        hidden = self.target.prefill(prompt[:-1])
-        self.drafter.begin(prompt, hidden)
-        prefill_s = time.perf_counter() - t0
-        prompt_offset = self.target.offset
-        self.target.mark(base=True)  # recurrent targets: the state to come back to for each completion
-        key = mx.random.key(self.cfg.seed)
-        for c in range(n):
-            run = self._new_run(len(prompt))
-            if c == 0:
-                run.prefill_tokens, run.prefill_s = len(prompt), prefill_s
-            self.target.rollback(prompt_offset)
-            self.drafter.restart()
-            self.controller.reset()
-            key, sub = mx.random.split(key)
-            try:
-                yield from self._complete(c, list(prompt), sub, t0 if c == 0 else time.perf_counter(), run)
-            finally:
-                run.peak_memory_bytes = mx.get_peak_memory()
-                run.controller_estimate = self.controller.estimate()
+        hidden = self.target.set_row(b, req.prompt[:-1])
+        self.drafter.start(b, req.prompt, hidden)
+        self.controller.reset(b)
+        shared = self.target.reused
+        run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
+                       shared_prompt=shared)
+        if self.cfg.law == "typical":
+            run.typical = {"enabled": True, "threshold": self.cfg.typical_threshold, "eps": self.cfg.typical_eps,
+                           "distribution_exact": False}
+        run.prefill_s = time.perf_counter() - t0
+        self.runs[req.index] = run
+        return Row(req, list(req.prompt), row_key(req), run, t0)
 
-    def _complete(self, c: int, context: list[int], key: mx.array, t0: float, run: RunStats) -> Iterator[Event]:
-        generated = 0
-        while True:
-            remaining = self.cfg.max_tokens - generated
-            if remaining <= 0:
-                yield Event(c, [], "length")
-                return
-            t_cycle = time.perf_counter()
-            key, k_draft, k_verify = mx.random.split(key, 3)
-            width = min(self.controller.width(), remaining - 1)
-            proposal = self.drafter.propose(context, width, self.cfg.sampling, k_draft)
-            n_acc, token = self._verify(context[-1], proposal, k_verify, run)
-            new = proposal.tokens[:n_acc].tolist() + [token] if n_acc else [token]
-            self.target.rollback(self.target.offset - proposal.k + n_acc)
-            context.extend(new)
-            self.drafter.commit(context, proposal, n_acc, self.target.hidden)
-            self.controller.update([proposal.k], [n_acc], seconds=time.perf_counter() - t_cycle)
-            run.floor_cut += proposal.k < proposal.requested
-            run.record_cycle(proposal.k, n_acc, len(new))
-            run.decode_s += time.perf_counter() - t_cycle
-            if run.ttft_s is None:
-                run.ttft_s = time.perf_counter() - t0
-            generated += len(new)
-            stop = next((i for i, t in enumerate(new) if t in self.eos), None)
-            if stop is not None:
-                yield Event(c, new[:stop], "stop")
-                return
-            yield Event(c, new)
+    def _refill(self, queue: deque) -> None:
+        for b, row in enumerate(self.rows):
+            if row.done:
+                row.run.peak_memory_bytes = mx.get_peak_memory()
+                row.run.controller_estimate = self.controller.estimate(b)
+                if queue:
+                    self.rows[b] = self._start(b, queue.popleft())
+        live = [b for b, r in enumerate(self.rows) if not r.done]
+        if len(live) < len(self.rows):  # nothing left to refill these rows with
+            self.rows = [self.rows[b] for b in live]
+            for part in (self.target, self.drafter):
+                part.keep_rows(live)
+            keep_members(self.controller, live)
 
-    def _verify(self, last: int, proposal: Proposal, key: mx.array, run: RunStats) -> tuple[int, int]:
-        """One target pass over [last, drafts...]; the acceptance law; ONE host synchronisation."""
-        inputs = mx.concatenate([mx.array([last], mx.int32), proposal.tokens])
-        if proposal.k:
-            self.target.mark()  # recurrent targets: snapshot before verify (no-op otherwise)
-        logits = self.target.forward(inputs)  # (1, k+1, V)
-        q = None if proposal.q is None else proposal.q[None]
-        v, sums = judge(self.cfg, logits, proposal.tokens[None], q, key)
-        mx.eval(v.n_accepted, v.token, *sums)
-        n_acc, k = v.n_accepted.item(), proposal.k
-        if sums:
-            run.record_typical(min(n_acc + 1, k), n_acc, n_acc < k, sums[0].item(), sums[1].item())
-        return n_acc, v.token.item()
+    def _width(self) -> int:
+        return self.controller.width() if self.drafter.speculates else 0
+
+    def _launch(self, prev: Cycle | None) -> Cycle:
+        """Plan, propose and launch one target pass. With `prev` (a plain step still on the device), rows it
+        holds start from its tokens on the device, without waiting for them."""
+        t0 = time.perf_counter()
+        cfg, rows = self.cfg, self.rows
+        splits = [mx.random.split(r.key, 3) for r in rows]
+        for r, s in zip(rows, splits):
+            r.key = s[0]
+        width = self._width()
+        caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
+        contexts = [r.context for r in rows]
+        draft = empty(caps)
+        if max(caps) > 0:
+            draft = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits])
+        last = mx.array([c[-1] for c in contexts], dtype=mx.int32)
+        if prev is not None:
+            at = {id(r): i for i, r in enumerate(prev.rows)}
+            idx = [at.get(id(r), 0) for r in rows]
+            chained = mx.array([id(r) in at for r in rows])
+            last = mx.where(chained, prev.verdict.token[mx.array(idx, dtype=mx.int32)], last).astype(mx.int32)
+        if draft.k:
+            self.target.checkpoint()  # recurrent targets: snapshot before the speculative tokens
+        before = self.target.pos.copy()
+        logits = self.target.forward(mx.concatenate([last[:, None], draft.tokens], axis=1))  # (B, k+1, V)
+        v, sums = judge(cfg, logits, draft.tokens, draft.q, [s[2] for s in splits], draft.lengths)
+        mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums)
+        return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0)
+
+    def _complete(self, c: Cycle) -> Iterator[Event]:
+        """ONE host sync, then commit and roll back what the law rejected, and record."""
+        n_acc, tok = c.verdict.n_accepted.tolist(), c.verdict.token.tolist()
+        d = c.drafts.tolist()
+        sums = [x.tolist() for x in c.sums]
+        if c.width:
+            self.target.truncate(c.before + np.array(n_acc) + 1)
+        news = [d[b][: n_acc[b]] + [tok[b]] for b in range(len(c.rows))]
+        contexts = [r.context for r in c.rows]
+        for ctx, new in zip(contexts, news):
+            ctx.extend(new)
+        now = time.perf_counter()
+        seconds = now - max(c.t0, self._t_last)  # chained plain steps overlap: count each moment once
+        self._t_last = now
+        if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
+            self.drafter.commit(contexts, n_acc, self.target.hidden)
+            self.controller.update(c.lengths, n_acc, seconds=seconds)
+        self.cycles += 1
+        for b, r in enumerate(c.rows):
+            if not r.done:  # a row that finished while this plain step was in flight: its step is dropped
+                yield from self._record(r, c.lengths[b], c.requested[b], n_acc[b], news[b], seconds,
+                                        [x[b] for x in sums], now)
+
+    def _record(self, r: Row, k: int, requested: int, n: int, new: list[int], seconds: float, typical: list,
+                now: float) -> Iterator[Event]:
+        stop = next((i for i, t in enumerate(new) if t in self.eos), None)
+        counted = new if stop is None else new[: stop + 1]  # nothing after an EOS counts
+        run = r.run
+        run.floor_cut += k < requested
+        run.record_cycle(k, min(n, len(counted)), len(counted))
+        run.decode_s += seconds
+        if typical:
+            run.record_typical(min(n + 1, k), n, n < k, *typical)
+        if run.ttft_s is None:
+            run.ttft_s = now - r.started
+        r.generated += len(counted)
+        if stop is not None:
+            r.done = True
+            yield Event(r.req.index, new[:stop], "stop")
+        elif r.generated >= r.req.max_tokens:
+            r.done = True
+            yield Event(r.req.index, new, "length")
+        else:
+            yield Event(r.req.index, new)

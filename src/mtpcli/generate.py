@@ -1,4 +1,10 @@
-"""`mtpcli generate`: read the prompt, load models, build the engine, stream text, report statistics."""
+"""`mtpcli generate`: requests -> engine -> writer. One prompt is a batch of one; -n N is N requests of one
+prompt (prefilled once); several prompts are decoded together, up to --batch-size rows, refilled as they finish.
+
+Output in input order: text streams the first unfinished completion as it is committed and prints the later
+ones whole when their turn comes (joined by --separator); jsonl prints a row per completion as soon as every
+earlier row is out; json one document at the end. A prompt that cannot be used fails its own row.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +18,10 @@ from typing import Any, TextIO
 
 from . import models
 from .controller import CostAwareController, EmaController, FixedWidth
-from .drafters import NoDraft
-from .engine import DecodeConfig, Engine
-from .errors import EXIT_INTERRUPTED, EXIT_PIPE, UsageError
+from .engine import DecodeConfig, Engine, Request
+from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, UsageError
 from .profiles import Settings
+from .prompts import Item
 from .sampling import SamplingParams
 from .stats import RunStats, render
 
@@ -24,33 +30,6 @@ TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
 
 def err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> tuple[str, str]:
-    """The prompt text and where it came from. Non-UTF-8 bytes are replaced, with a warning."""
-    stdin = stdin or sys.stdin
-    if prompt is not None and prompt_file is not None:
-        raise UsageError("give either --prompt or --prompt-file, not both")
-    if prompt is not None:
-        text, source = prompt, "--prompt"
-    else:
-        if prompt_file is None or prompt_file == "-":
-            if prompt_file is None and (stdin is None or stdin.isatty()):
-                raise UsageError("no prompt: give --prompt TEXT, --prompt-file PATH, or pipe text on stdin")
-            data, source = stdin.buffer.read(), "stdin"
-        else:
-            try:
-                data, source = Path(prompt_file).read_bytes(), prompt_file
-            except OSError as e:
-                raise UsageError(f"--prompt-file {prompt_file}: {e.strerror or e}") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            text = data.decode("utf-8", errors="replace")
-            err(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD")
-    if not text.strip():
-        raise UsageError(f"empty prompt ({source})")
-    return text, source
 
 
 def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -> list[int]:
@@ -84,47 +63,70 @@ def build_controller(s: Settings, batch: int = 1):
     return FixedWidth(v["num_draft_tokens"], batch=batch)
 
 
-def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None) -> Engine:
+def settle_draft(s: Settings, target: models.Loaded) -> None:
+    """The ONE place draft = auto is settled: the draft model when one is given, else the checkpoint's MTP heads
+    if it has them, else n-gram lookup."""
+    v = s.values
+    if v["draft"] == "auto":
+        v["draft"] = "model" if v["draft_model"] else "mtp" if models.has_mtp(target) else "ngram"
+    if v["draft"] == "model" and not v["draft_model"]:
+        raise UsageError("--draft model needs --draft-model PATH_OR_ID")
+
+
+def load_models(s: Settings) -> tuple[models.Loaded, models.Loaded | None]:
+    target = models.load(s.values["model"], "target model")
+    settle_draft(s, target)
+    draft = None
+    if s.values["draft"] == "model":
+        draft = models.load(s.values["draft_model"], "draft model")
+        models.check_pair(target, draft)
+    return target, draft
+
+
+def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1) -> Engine:
+    from .drafters import NoDraft
     from .drafters.model import ModelDrafter
     from .drafters.mtp import MtpDrafter
     from .drafters.ngram import NgramDrafter
 
     v = s.values
-    settle_draft(s, target)
-    if v["draft"] == "none":
+    kind = v["draft"]
+    if kind == "none":
         drafter = NoDraft()
-    elif v["draft"] == "ngram":
+    elif kind == "ngram":
         drafter = NgramDrafter(v["ngram_min"], v["ngram_max"])
-    elif v["draft"] == "mtp":
+    elif kind == "mtp":
         drafter = MtpDrafter(models.mtp_head(target), target.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
     else:
         drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
-    return Engine(target.model, drafter, build_controller(s), target.tokenizer.eos_token_ids, decode_config(s))
+    engine = Engine(target.model, drafter, build_controller(s), target.tokenizer.eos_token_ids, decode_config(s),
+                    batch_size)
+    engine.controller.batch = engine.batch_size
+    return engine
 
 
-def settle_draft(s: Settings, target: models.Loaded) -> None:
-    """draft = auto without a draft model: the checkpoint's MTP heads if it has them, else n-gram lookup."""
-    if s.values["draft"] == "auto":
-        s.values["draft"] = "mtp" if models.has_mtp(target) else "ngram"
+def default_batch_size(config: dict, n: int, tokens_per_row: int) -> int:
+    """All rows at once, unless their KV caches would take more than a quarter of the memory."""
+    cfg = config.get("text_config") or config
+    layers = cfg.get("num_hidden_layers", 32)
+    heads = cfg.get("num_attention_heads", 32)
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 4096) // heads
+    per_token = 2 * layers * kv * head_dim * 4  # keys and values, float32 at worst
+    try:
+        import mlx.core as mx
+
+        memory = mx.device_info()["memory_size"]
+    except Exception:  # noqa: BLE001 - any backend that cannot say: assume 16 GiB
+        memory = 16 << 30
+    per_row = per_token * tokens_per_row * 2  # x2: rejected drafts are holes until compaction
+    return max(1, min(n, memory // 4 // max(per_row, 1)))
 
 
-def load_models(s: Settings) -> tuple[models.Loaded, models.Loaded | None]:
-    v = s.values
-    target = models.load(v["model"], "target model")
-    settle_draft(s, target)
-    draft = None
-    if v["draft"] == "model":
-        if not v["draft_model"]:
-            raise UsageError("--draft model needs --draft-model PATH_OR_ID")
-        draft = models.load(v["draft_model"], "draft model")
-        models.check_pair(target, draft)
-    return target, draft
-
-
-def settings_record(s: Settings, draft_source: str, law: str) -> dict[str, Any]:
+def settings_record(s: Settings, law: str) -> dict[str, Any]:
     v = s.values
     return {
-        "profile": s.profile, "model": v["model"], "draft_model": v["draft_model"], "draft": draft_source,
+        "profile": s.profile, "model": v["model"], "draft_model": v["draft_model"], "draft": v["draft"],
         "law": law, "num_draft_tokens": v["num_draft_tokens"], "adaptive": v["adaptive"], "n_min": v["n_min"],
         "n_max": v["n_max"], "p_min": v["p_min"], "temp": v["temp"], "top_p": v["top_p"], "top_k": v["top_k"],
         "min_p": v["min_p"], "seed": v["seed"], "max_tokens": v["max_tokens"],
@@ -132,13 +134,7 @@ def settings_record(s: Settings, draft_source: str, law: str) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Completion:
-    index: int
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-
+# ---- writers ----------------------------------------------------------------------------------------------------
 
 class Output:
     """Writes generated text (or JSON) to stdout; detects a closed pipe."""
@@ -159,55 +155,189 @@ class Output:
             os.dup2(devnull, self.out.fileno())  # so the interpreter's own flush at exit stays quiet
 
 
-def run(s: Settings, prompt_text: str, n: int, quiet: bool, stats_json: str | None, separator: str,
-        argv: list[str], out: TextIO = None, log: bool = True, log_prompts: bool = False) -> int:
-    out = out or sys.stdout
+@dataclass
+class Completion:
+    index: int
+    item: Item
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: RunStats | None = None
+    text: str = ""
+
+    def row(self, source: bool) -> dict[str, Any]:
+        head = {"index": self.index, **({"source": self.item.source} if source else {})}
+        if self.item.error:
+            return {**head, "error": self.item.error}
+        return {**head, "text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict() if self.stats else None}
+
+
+class Writer:
+    """Completions in input order: the first unfinished one streams (text), later ones wait their turn."""
+
+    def __init__(self, fmt: str, output: Output, tokenizer, completions: list[Completion], separator: str,
+                 source: bool, runs: dict):
+        self.fmt, self.output, self.tok, self.rows, self.runs = fmt, output, tokenizer, completions, runs
+        self.separator, self.source = separator, source
+        self.detok = tokenizer.detokenizer
+        self.next = 0  # the first completion not yet fully written
+        self.started = False  # rows[next] has begun (text: its separator is out)
+        self.streamed = 0  # tokens of rows[next] given to the detokenizer
+
+    def event(self, index: int, tokens: list[int], finish: str | None) -> None:
+        c = self.rows[index]
+        c.tokens.extend(tokens)
+        c.finish_reason = finish or c.finish_reason
+        self.flush()
+
+    @staticmethod
+    def _done(c: Completion) -> bool:
+        return c.item.error is not None or c.finish_reason is not None
+
+    def flush(self) -> None:
+        while self.next < len(self.rows) and not self.output.closed:
+            c = self.rows[self.next]
+            if self.fmt == "text":
+                if not self.started:
+                    self.output.write(self.separator if self.next else "")
+                    self.started, self.streamed = True, 0
+                for t in c.tokens[self.streamed:]:
+                    self.detok.add_token(t)
+                self.streamed = len(c.tokens)
+                if self._done(c):
+                    self.detok.finalize()
+                self.output.write(self.detok.last_segment)
+            if not self._done(c):
+                return
+            c.text = "" if c.item.error else self.tok.decode(c.tokens)
+            c.stats = self.runs.get(c.index)
+            if self.fmt == "jsonl":
+                self.output.write(json.dumps(c.row(self.source)) + "\n")
+            self.detok.reset()
+            self.next, self.started = self.next + 1, False
+
+    def close(self) -> None:
+        """Interrupted rows end with what they committed."""
+        for c in self.rows:
+            if not self._done(c):
+                c.finish_reason = "interrupted"
+        self.flush()
+        if self.fmt == "text":
+            self.output.write("\n")
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+
+def requests_for(s: Settings, items: list[Item], single: bool, n: int, tokenizer, limit: int | None):
+    """Encode every usable prompt; (completions, requests). -n N makes N requests of one prompt and seed."""
+    v = s.values
+    completions, requests = [], []
+    for it in items:
+        if it.error is None and not (it.text or "").strip():
+            it.error = f"empty prompt ({it.source})" if single else f"{it.source}: empty prompt"
+        ids = None
+        if it.error is None:
+            ids = encode_prompt(tokenizer, it.text, v["chat"], v["system"])
+            if limit and len(ids) >= limit:
+                it.error = (("" if single else f"{it.source}: ") +
+                            f"prompt is {len(ids)} tokens, longer than the model's context of {limit} tokens")
+        if it.error and single:
+            raise UsageError(it.error)
+        seed = it.seed if it.seed is not None else v["seed"] + (0 if single else it.index)
+        for c in range(n):
+            completions.append(Completion(len(completions), it))
+            if ids is not None:
+                requests.append(Request(completions[-1].index, ids, it.max_tokens or v["max_tokens"], seed, c))
+    return completions, requests
+
+
+def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats_json: str | None, separator: str,
+        argv: list[str], batch_size: int | None = None, out: TextIO = None, log: bool = True,
+        log_prompts: bool = False) -> int:
     v = s.values
     target, draft = load_models(s)
-    prompt = encode_prompt(target.tokenizer, prompt_text, v["chat"], v["system"])
-    limit = models.max_context(target.config)
-    if limit and len(prompt) >= limit:
-        raise UsageError(f"prompt is {len(prompt)} tokens, longer than the model's context of {limit} tokens")
-    engine = build_engine(s, target, draft)
-    if os.environ.get("MTPCLI_BLAS_HINT") and not quiet:
-        err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
-            "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
+    completions, requests = requests_for(s, items, single, n, target.tokenizer, models.max_context(target.config))
+    for c in completions:
+        if c.item.error:
+            err(f"mtpcli: row {c.index}: {c.item.error}")
+    longest = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
+    size = batch_size or default_batch_size(target.config, max(len(requests), 1), longest)
+    engine = build_engine(s, target, draft, size)
     law = engine.cfg.law
-    draft_source = v["draft"]
+    blas_hint(quiet)
     if law == "typical":
         err(f"{TYPICAL_TAG} threshold={v['typical_threshold']} eps={v['typical_eps']}")
-    fmt = v["format"]
-    output = Output(out)
-    started = time.time()
-    completions, interrupted = _stream(engine, prompt, n, fmt, separator, output, target.tokenizer)
-    status = EXIT_INTERRUPTED if interrupted else 0
-    total = engine.stats
+    if len(requests) > 1 and engine.batch_size == 1 and (batch_size or size) > 1:
+        why = "MTP heads draft" if v["draft"] == "mtp" else "the target or draft model keeps recurrent state and"
+        err(f"mtpcli: note: {why} one sequence at a time; decoding the prompts one after another")
+    output = Output(out or sys.stdout)
+    writer = Writer(v["format"], output, target.tokenizer, completions, separator, not single, engine.runs)
+    started, t0 = time.time(), time.perf_counter()
+    status = 0
+    try:
+        for ev in engine.generate(requests):
+            writer.event(ev.request, ev.tokens, ev.finish_reason)
+            if output.closed:
+                break
+    except KeyboardInterrupt:
+        status = EXIT_INTERRUPTED
     for c in completions:
-        if not c.text and c.tokens:
-            c.text = target.tokenizer.decode(c.tokens)
-    if fmt == "json":
-        if n == 1:
-            doc = _row(completions[0], total)
-        else:
-            doc = {"completions": [_row(c, r) for c, r in zip(completions, engine.runs)], "stats": total.to_dict()}
-        doc["settings"] = settings_record(s, draft_source, law)
-        output.write(json.dumps(doc) + "\n")
+        c.stats = engine.runs.get(c.index)
+    writer.close()
+    wall = time.perf_counter() - t0
+    total = RunStats.total([c.stats for c in completions if c.stats])
+    failed = sum(1 for c in completions if c.item.error)
+    record = {**total.to_dict(), "settings": settings_record(s, law)}
+    if len(completions) > 1:
+        record["batch"] = {"prompts": len(items), "failed": failed, "batch_size": engine.batch_size,
+                           "cycles": engine.cycles, "tokens": total.generated_tokens, "wall_s": wall,
+                           "throughput_tok_s": total.generated_tokens / wall if wall > 0 else 0.0,
+                           "batched": engine.batch_size > 1}
+    if v["format"] == "json":
+        doc = completions[0].row(False) if len(completions) == 1 else {
+            "completions": [c.row(not single) for c in completions], "stats": total.to_dict(), "batch": record["batch"]}
+        output.write(json.dumps({**doc, "settings": record["settings"]}) + "\n")
     if output.closed:
         status = EXIT_PIPE
-    record = {**total.to_dict(), "settings": settings_record(s, draft_source, law)}
-    report(total, record, quiet, stats_json, title=f"mtpcli · {s.profile} · {law}")
-    if interrupted:
+    b = record.get("batch")
+    extra = "" if b is None or single else (
+        f"batch: {len(items)} prompts ({failed} failed), batch size {b['batch_size']}, {b['cycles']} cycles, "
+        f"{total.generated_tokens} tokens in {wall:.2f} s: {b['throughput_tok_s']:.2f} tok/s in all")
+    title = f"mtpcli · {s.profile} · {law}" + ("" if single else f" · {len(items)} prompts")
+    report(total, record, quiet, stats_json, title, extra)
+    if status == EXIT_INTERRUPTED:
         err(f"mtpcli: interrupted after {total.generated_tokens} tokens")
     if output.closed:
         err(f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
+    if failed and status == 0:
+        err(f"mtpcli: {failed} of {len(items)} prompts failed (see their rows)")
+        status = EXIT_RUNTIME
     from . import runlog
 
     runlog.append_safely(
         command=argv, settings=record["settings"], profile=s.profile, model=v["model"],
-        draft=v["draft_model"] or draft_source, prompt=prompt, stats=record, status=status, started=started,
-        prompt_text=prompt_text if log_prompts else None, log=log,
-    )
+        draft=v["draft_model"] or v["draft"], prompt=[t for r in requests[:1] for t in r.prompt] if single else
+        [t for r in requests for t in r.prompt], stats=record, status=status, started=started,
+        prompt_text=items[0].text if log_prompts and single else None, log=log)
     return status
+
+
+def blas_hint(quiet: bool) -> None:
+    """Once per cache folder, never with --quiet: MLX's slow reference BLAS is in use."""
+    if quiet or not os.environ.get("MTPCLI_BLAS_HINT"):
+        return
+    from .gguf_convert import cache_dir
+
+    marker = cache_dir() / "blas-hint-shown"
+    if marker.exists():
+        return
+    err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
+        "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass
 
 
 def report(total: RunStats, record: dict, quiet: bool, stats_json: str | None, title: str, extra: str = "") -> None:
@@ -226,46 +356,3 @@ def report(total: RunStats, record: dict, quiet: bool, stats_json: str | None, t
         err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
             f"accept_rate={t['accept_rate']:.3f} mean_entropy={t['mean_entropy']:.3f} "
             f"tokens_per_cycle={total.tokens_per_cycle:.3f}")
-
-
-def _stream(engine: Engine, prompt: list[int], n: int, fmt: str, separator: str, output: Output,
-            tokenizer) -> tuple[list[Completion], bool]:
-    """Decode, writing text as it is committed (or a JSONL row per finished completion)."""
-    detok = tokenizer.detokenizer
-    completions = [Completion(i) for i in range(n)]
-    current = 0
-    try:
-        for ev in engine.generate(prompt, n):
-            c = completions[ev.completion]
-            if fmt == "text" and ev.completion != current:
-                output.write(separator)
-                current = ev.completion
-            c.tokens.extend(ev.tokens)
-            for t in ev.tokens:
-                detok.add_token(t)
-            if ev.finish_reason:
-                detok.finalize()
-                c.finish_reason = ev.finish_reason
-            if fmt == "text":
-                output.write(detok.last_segment)
-            if ev.finish_reason:
-                detok.reset()
-                c.text = tokenizer.decode(c.tokens)
-                if fmt == "jsonl":
-                    output.write(json.dumps(_row(c, engine.runs[c.index])) + "\n")
-            if output.closed:
-                break
-    except KeyboardInterrupt:
-        detok.finalize()
-        if fmt == "text":
-            output.write(detok.last_segment)
-        return completions, True
-    finally:
-        if fmt == "text":
-            output.write("\n")
-    return completions, False
-
-
-def _row(c: Completion, stats: RunStats) -> dict[str, Any]:
-    return {"index": c.index, "text": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason,
-            "stats": stats.to_dict()}

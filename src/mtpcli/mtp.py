@@ -29,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ModelError
-from .lm import split_model
+from .cache import split_model
 
 SUPPORTED = ("deepseek_v3", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 LAYER_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight")

@@ -43,7 +43,7 @@ class Key:
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False):
     def check(v):
-        if isinstance(v, float) and math.isnan(v):
+        if isinstance(v, float) and not math.isfinite(v):
             return False
         if lo is not None and (v < lo or (lo_open and v == lo)):
             return False
@@ -159,12 +159,25 @@ def set_default(name: str) -> Path:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
+        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark, as some editors save, is fine
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: TOML syntax error: {e}") from None
     except OSError as e:
         raise UsageError(f"{path}: cannot read profile: {e.strerror}") from None
+
+
+def _key_line(path: Path, key: str) -> str:
+    """`path:line` of a top-level key, for error messages."""
+    import re
+
+    try:
+        lines = path.read_bytes().decode("utf-8-sig", errors="replace").splitlines()
+    except OSError:
+        return str(path)
+    pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+    n = next((i for i, line in enumerate(lines, 1) if pattern.match(line)), None)
+    return f"{path}:{n}" if n else str(path)
 
 
 def check_value(key: str, value: Any, where: str) -> Any:
@@ -217,7 +230,7 @@ def load(name_or_path: str, _seen: tuple[str, ...] = ()) -> Profile:
     data = _read_toml(path)
     description = data.pop("description", "")
     parent = data.pop("extends", None)
-    values = {k: check_value(k, v, str(path)) for k, v in data.items()}
+    values = {k: check_value(k, v, _key_line(path, k)) for k, v in data.items()}
     if parent is not None:
         if not isinstance(parent, str):
             raise UsageError(f"{path}: extends = {parent!r} must be a profile name")
@@ -252,8 +265,6 @@ def resolve(profile: str | None, flags: dict[str, Any], env: dict[str, str] | No
             values[key], origins[key] = spec.default, "default"
     if values["n_max"] is None:
         values["n_max"] = values["num_draft_tokens"]
-    if values["draft"] == "auto" and values["draft_model"]:
-        values["draft"] = "model"  # else settled once the target is loaded: mtp if it has heads, else ngram
     if values["ngram_min"] > values["ngram_max"]:
         raise UsageError(f"ngram_min ({values['ngram_min']}) must not exceed ngram_max ({values['ngram_max']})")
     if values["n_min"] > values["n_max"]:

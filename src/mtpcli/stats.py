@@ -31,6 +31,7 @@ class RunStats:
     peak_memory_bytes: int = 0
     controller_estimate: float | None = None
     typical: dict[str, Any] | None = None
+    shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
     _typical_sums: dict[str, float] = field(default_factory=lambda: Counter())
 
     def record_cycle(self, drafted: int, accepted: int, committed: int) -> None:
@@ -59,12 +60,14 @@ class RunStats:
         s["floor"] += floor_sum
 
     def merge(self, other: "RunStats") -> "RunStats":
-        """Aggregate of two runs of the same settings (e.g. the completions of -n)."""
+        """Aggregate of two runs of the same settings: a batch's rows, or the completions of -n (a prompt shared
+        from an earlier prefill is counted once)."""
         out = RunStats()
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s",
                      "prefill_tokens", "decode_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
-        out.prompt_tokens = max(self.prompt_tokens, other.prompt_tokens)
+        out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
+        out.shared_prompt = self.shared_prompt and other.shared_prompt
         n = max(len(self.reached), len(other.reached))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         out.reached = [a + b for a, b in zip(pad(self.reached), pad(other.reached))]
@@ -79,6 +82,13 @@ class RunStats:
         out.controller_estimate = other.controller_estimate
         out._typical_sums = Counter(self._typical_sums) + Counter(other._typical_sums)
         out.typical = self.typical or other.typical
+        return out
+
+    @staticmethod
+    def total(runs: list["RunStats"]) -> "RunStats":
+        out = runs[0] if runs else RunStats()
+        for r in runs[1:]:
+            out = out.merge(r)
         return out
 
     # ---- derived figures -------------------------------------------------------------------

@@ -1,9 +1,13 @@
-"""Draft sources. Each hands the verify step the same thing: k proposed tokens and, where it has them, their
-draft distributions q (None means a deterministic proposal, i.e. one-hot q).
+"""Draft sources, behind ONE batched protocol that the engine drives (one prompt is a batch of one row):
 
-A drafter has `begin(prompt, hidden)`, `propose(context, k, sp, key)`, `commit(context, proposal, n_accepted,
-hidden)` (context already holds the committed tokens) and `restart()`. `hidden` is the target's hidden
-states (1, n, H) of the tokens it just ran, passed only to drafters that set `needs_hidden`.
+    add_rows(n) / keep_rows(rows)            the batch grows, or keeps these rows in this order
+    start(row, prompt, hidden)                a row begins a prompt (hidden: the target's prompt states)
+    propose(contexts, caps, sp, keys) -> Draft    up to caps[b] tokens per row, row b drawing with keys[b]
+    commit(contexts, n_accepted, hidden)      contexts already hold the committed tokens
+
+`max_rows` (None: any) caps the batch; `needs_hidden` asks the engine for the target's hidden states;
+`speculates` is False only for plain decoding. Whatever a drafter does, the exact law needs one thing of it:
+where a draft stops may depend on what was drafted before, never on the token it would draft next.
 """
 
 from __future__ import annotations
@@ -17,43 +21,55 @@ from ..sampling import SamplingParams, probs, sample
 
 
 @dataclass
-class Proposal:
-    tokens: mx.array  # (k,) int32
-    q: mx.array | None  # (k, V) float32 draft distributions, or None for one-hot proposals
-    k: int  # realized length (a confidence floor may cut a draft short)
-    requested: int  # the width that was asked for
+class Draft:
+    tokens: mx.array  # (B, k) int32; row b's real drafts are the first lengths[b], the rest padding
+    q: mx.array | None  # (B, k, V) draft distributions, or None for deterministic (one-hot) drafts
+    lengths: list[int]  # realized draft length per row (a confidence floor may cut a draft short)
+    requested: list[int]  # the width each row was asked for
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[1]
 
 
-def empty(requested: int = 0) -> Proposal:
-    return Proposal(mx.zeros((0,), mx.int32), None, 0, requested)
+def empty(caps: list[int]) -> Draft:
+    return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
 
 
-def autoregress(step: Callable[[mx.array | None], mx.array], k: int, sp: SamplingParams, key: mx.array,
-                p_min: float = 0.0) -> Proposal:
-    """Draw up to k tokens, one per call of `step` (the previous draw -> next-token logits (V,); None for the
-    first), through the same sampling code as the target's p. A confidence floor p_min cuts the draft short
-    (one host sync per step, only when asked for)."""
-    tokens, qs = [], []
-    keys = None if sp.greedy else mx.random.split(key, max(k, 1))  # greedy drafting draws nothing
+def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
+                p_min: float = 0.0) -> Draft:
+    """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
+    (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own
+    keys, so it draws what it would draw alone. A confidence floor p_min stops a row BEFORE it draws from a
+    distribution whose most likely token is below p_min (raw softmax at T = 0): the stop depends on q, never on
+    the token it would draw, so the exact law still holds (one host sync per step, only when asked for)."""
+    B, k = len(caps), max(caps)
+    row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
+    lengths, tokens, qs = list(caps), [], []
     t = None
-    for i in range(k):
+    for j in range(k):
         logits = step(t)
         if sp.greedy:
-            t = mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32)
+            t = mx.argmax(logits, axis=-1).astype(mx.int32)
+            conf = mx.softmax(logits.astype(mx.float32), axis=-1)
         else:
             q = probs(logits, sp)
-            t = sample(q, keys[i]).reshape(1).astype(mx.int32)
+            t = mx.concatenate([sample(q[b], row_keys[b][j]).reshape(1) if j < caps[b] else
+                                mx.argmax(q[b]).reshape(1) for b in range(B)]).astype(mx.int32)
+            conf = q
+            qs.append(q)
         if p_min > 0.0:
-            conf = mx.softmax(logits.astype(mx.float32))[t] if sp.greedy else q[t]
-            if conf.item() < p_min:
+            for b, c in enumerate(conf.max(axis=-1).tolist()):
+                if c < p_min and j < lengths[b]:
+                    lengths[b] = j
+            if max(lengths) <= j:
                 break
         tokens.append(t)
-        if not sp.greedy:
-            qs.append(q)
         mx.async_eval(t)
     if not tokens:
-        return empty(k)
-    return Proposal(mx.concatenate(tokens), mx.stack(qs) if qs else None, len(tokens), k)
+        return empty(caps)
+    q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
+    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps))
 
 
 class NoDraft:
@@ -61,15 +77,20 @@ class NoDraft:
 
     name = "none"
     needs_hidden = False
+    speculates = False
+    max_rows = None
 
-    def begin(self, prompt: list[int], hidden=None) -> None:
+    def add_rows(self, n: int) -> None:
         pass
 
-    def propose(self, context: list[int], k: int, sp, key) -> Proposal:
-        return empty()
-
-    def commit(self, context: list[int], proposal: Proposal, n_accepted: int, hidden=None) -> None:
+    def keep_rows(self, rows: list[int]) -> None:
         pass
 
-    def restart(self) -> None:
+    def start(self, row: int, prompt: list[int], hidden=None) -> None:
+        pass
+
+    def propose(self, contexts, caps, sp, keys) -> Draft:
+        return empty(caps)
+
+    def commit(self, contexts, n_accepted, hidden=None) -> None:
         pass

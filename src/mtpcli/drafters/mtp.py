@@ -1,4 +1,4 @@
-"""The checkpoint's own multi-token-prediction head drafts from the target's hidden states.
+"""The checkpoint's own multi-token-prediction head drafts from the target's hidden states (one row).
 
 The head's KV cache holds one entry per committed pair (h_t, x_{t+1}): the target's hidden state at position t
 and the token that followed. After a verify cycle the new pairs are the accepted positions' hidden states with
@@ -10,75 +10,72 @@ speculative and are cut from the cache at commit.
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.models.cache import KVCache
 
-from ..lm import kv_caches, split_model
+from ..cache import split_model
 from ..sampling import SamplingParams
-from . import Proposal, autoregress, empty
+from . import Draft, autoregress, empty
 
 
 class MtpDrafter:
     name = "mtp"
     needs_hidden = True
+    speculates = True
+    max_rows = 1
 
     def __init__(self, head, target_model, p_min: float = 0.0, prefill_step: int = 512):
         inner, lm_head = split_model(target_model)
         self.head, self.embed, self.lm_head = head, inner.embed_tokens, lm_head
         self.p_min, self.prefill_step = p_min, prefill_step
-        self.cache = kv_caches(1)
+        self.cache = KVCache()
         self.pending: tuple[mx.array, list[int]] | None = None  # committed pairs not yet in the cache
-        self._base: tuple[int, tuple | None] = (0, None)
+        self._committed = 0  # cache entries that are committed pairs (the rest are speculative)
 
-    @property
-    def offset(self) -> int:
-        return self.cache[0].offset
+    def add_rows(self, n: int) -> None:
+        pass
 
-    def _run(self, hidden: mx.array, tokens: list[int] | mx.array):
+    def keep_rows(self, rows: list[int]) -> None:
+        pass
+
+    def _run(self, hidden: mx.array, tokens):
         return self.head(hidden, mx.array(tokens, dtype=mx.int32).reshape(1, -1), self.embed, self.lm_head,
-                         self.cache[0])
+                         self.cache)
 
-    def begin(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+    def start(self, row: int, prompt: list[int], hidden: mx.array | None = None) -> None:
         """`hidden`: the target's states of prompt[:-1]; every pair but the last goes into the cache now."""
-        self.cache = kv_caches(1)
-        self.pending = None
+        self.cache, self.pending = KVCache(), None
         if hidden is not None and hidden.shape[1]:
             n = hidden.shape[1]
             for i in range(0, n - 1, self.prefill_step):
                 j = min(i + self.prefill_step, n - 1)
                 self._run(hidden[:, i:j], prompt[i + 1 : j + 1])
-                mx.eval(self.cache[0].state)
+                mx.eval(self.cache.state)
             self.pending = (hidden[:, n - 1 :], prompt[n : n + 1])
-        self._base = (self.offset, self.pending)
-        self._committed = self.offset  # cache entries that are committed pairs (the rest are speculative)
+        self._committed = self.cache.offset
 
-    def restart(self) -> None:
-        offset, self.pending = self._base
-        trim_prompt_cache(self.cache, self.offset - offset)
-        self._committed = offset
-
-    def propose(self, context: list[int], k: int, sp: SamplingParams, key: mx.array) -> Proposal:
-        if k == 0 or self.pending is None:
-            return empty()
+    def propose(self, contexts, caps, sp: SamplingParams, keys) -> Draft:
+        if caps[0] == 0 or self.pending is None:
+            return empty(caps)
         hidden, tokens = self.pending
         self.pending = None
-        self._committed = self.offset + hidden.shape[1]  # the cache entries once the pending pairs are fed
+        self._committed = self.cache.offset + hidden.shape[1]  # the entries once the pending pairs are fed
         h = None
 
         def step(t):
             nonlocal h
             h, logits = self._run(hidden, tokens) if t is None else self._run(h[:, -1:], t)
-            return logits[0, -1]
+            return logits[:, -1]
 
-        return autoregress(step, k, sp, key, self.p_min)
+        return autoregress(step, caps, sp, keys, self.p_min)
 
-    def commit(self, context: list[int], proposal: Proposal, n_accepted: int, hidden: mx.array | None = None) -> None:
+    def commit(self, contexts, n_accepted, hidden: mx.array | None = None) -> None:
         """Cut the speculative entries; the new pairs are the verified positions 0..n_accepted with the
         tokens committed after them (the last n_accepted + 1 of the context)."""
         if self.pending is None:  # the proposal consumed the pending pairs (if there were any)
-            trim_prompt_cache(self.cache, self.offset - self._committed)
+            self.cache.trim(self.cache.offset - self._committed)
             prev_h, prev_t = None, []
         else:  # nothing was proposed: the pending pairs wait with the new ones
             prev_h, prev_t = self.pending
-        n = n_accepted + 1
+        n = n_accepted[0] + 1
         h = hidden[:, :n]
-        self.pending = (h if prev_h is None else mx.concatenate([prev_h, h], axis=1), prev_t + context[-n:])
+        self.pending = (h if prev_h is None else mx.concatenate([prev_h, h], axis=1), prev_t + contexts[0][-n:])

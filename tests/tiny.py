@@ -168,7 +168,7 @@ def make_mtp_model(path: str | Path, family: str, heads: bool = True, seed: int 
 
     from mlx.utils import tree_flatten
 
-    from . import mtp
+    from mtpcli import mtp
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,399 @@
+"""One cache layer for a model over B rows, that knows per layer kind how to roll back.
+
+Attention layers (mlx-lm's KVCache, and RotatingKVCache with a sliding window) become `RowKV` layers over one
+shared `Layout`: slots are shared by every row, each row keeps its own validity mask and its RoPE position is its
+count of valid tokens, so a rejected draft is cut off the end (trim) when it is the last thing every row wrote and
+becomes a masked hole otherwise. Sliding windows are masked, not rotated, so nothing is ever overwritten and a
+rollback never loses a token. While every row is dense (one prompt, or rows in step) the masks are mlx-lm's own
+fast ones (none for one token, "causal" for several). Recurrent state (ArraysCache: gated-delta, Mamba) cannot be
+cut back: it is snapshotted before a speculative pass, and a rollback restores it and replays the kept tokens (one
+row). Any other cache kind is kept as the model made it: plain decoding of one row works, and speculation is
+refused before decoding (`require_rollback`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from .errors import ModelError
+
+STEP = 256
+BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
+
+
+def use_bucketed(bucketed: bool | None = None) -> bool:
+    """Attend over a multiple of STEP slots so attention shapes change once per STEP tokens: MLX's CUDA backend
+    specialises kernels on shapes and re-plans every cycle otherwise (docs/perf/gpu.md)."""
+    bucketed = BUCKETED_DEFAULT if bucketed is None else bucketed
+    if bucketed is None:
+        bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
+    return bucketed
+
+
+class Layout:
+    """Shared by every attention layer: slot validity per row, valid-token counts, the write slot."""
+
+    def __init__(self, rows: int = 0, bucketed: bool = False):
+        self.valid = np.zeros((rows, 0), bool)  # (B, write)
+        self.pos = np.zeros(rows, np.int64)  # valid tokens per row = the next RoPE position
+        self.write = 0
+        self.capacity = 0
+        self.bucketed = bucketed
+        self.dense = True  # every row valid in every slot < write: mlx-lm's own masks and an int offset
+        self.offset: int | mx.array = 0
+        self._block: np.ndarray | None = None
+        self._masks: dict = {}
+
+    def begin(self, n: int, block_valid: np.ndarray | None) -> None:
+        B = len(self.pos)
+        if block_valid is None or block_valid.all():
+            block_valid = None
+        self._block_dense = self.dense and block_valid is None
+        self._block = np.ones((B, n), bool) if block_valid is None else block_valid
+        self._n = n
+        self.capacity = max(self.capacity, -(-(self.write + n) // STEP) * STEP) if self.bucketed else self.write + n
+        if self._block_dense:
+            self.offset = self.write
+        else:
+            pads = np.where(self._block.any(1), self._block.argmax(1), n)  # left padding per row
+            self.offset = mx.array(self.pos - pads, dtype=mx.int32)
+        self._masks = {}
+
+    def mask(self, window: int | None, return_array: bool):
+        key = (window, return_array)
+        if key not in self._masks:
+            self._masks[key] = self._make_mask(window, return_array)
+        return self._masks[key]
+
+    def _make_mask(self, window: int | None, return_array: bool):
+        W, n, span = self.write, self._n, self.capacity
+        if self._block_dense:
+            if not self.bucketed and (window is None or W + n <= window) and not return_array:
+                return None if n == 1 else "causal"
+            rinds = mx.arange(span)[None]  # causal over the span hides the unwritten slots too
+            linds = mx.arange(W, W + n)[:, None]
+            mask = linds >= rinds
+            return mask & (linds < rinds + window) if window else mask
+        full = np.zeros((len(self.pos), span), bool)
+        full[:, :W] = self.valid
+        full[:, W : W + n] = self._block
+        slot = np.arange(span)[None, None, :]
+        own = W + np.arange(n)[None, :, None]
+        mask = full[:, None, :] & (slot <= own)
+        if window:
+            rank = np.cumsum(full, axis=1) - 1  # each slot's position in its row
+            mine = rank[:, W : W + n]
+            mask &= rank[:, None, :] > mine[:, :, None] - window
+        mask |= slot == own  # every query sees itself: no empty rows (padding queries)
+        return mx.array(mask[:, None])  # (B, 1, n, span)
+
+    def end(self) -> None:
+        self.valid = np.concatenate([self.valid, self._block], axis=1)
+        self.pos = self.pos + self._block.sum(1)
+        self.write += self._block.shape[1]
+        self.dense = self._block_dense
+        self._block, self._masks = None, {}
+
+    def truncate(self, keep: np.ndarray) -> int:
+        """Row b keeps its first keep[b] valid tokens; the rest become holes, and slots no row holds any more
+        are cut off the end. Returns the new write slot."""
+        if self.dense and (keep == keep[0]).all() and keep[0] <= self.write:
+            self.valid, self.pos, self.write = self.valid[:, : keep[0]], np.minimum(self.pos, keep), int(keep[0])
+            return self.write
+        for b in np.nonzero(self.pos > keep)[0]:
+            slots = np.nonzero(self.valid[b])[0]
+            self.valid[b, slots[keep[b]:]] = False
+        self.pos = np.minimum(self.pos, keep)
+        used = np.nonzero(self.valid.any(0))[0]
+        self.write = int(used[-1]) + 1 if len(used) else 0
+        self.valid = self.valid[:, : self.write]
+        self.dense = bool(self.valid.all())
+        return self.write
+
+
+class RowKV:
+    """One attention layer's keys and values; positions, masks and the write slot come from the shared Layout.
+    `window`: the layer's sliding window (tokens a query sees, itself included), masked instead of rotated."""
+
+    def __init__(self, layout: Layout, window: int | None = None):
+        self.layout, self.window = layout, window
+        self.keys = self.values = None
+
+    @property
+    def offset(self):
+        return self.layout.offset
+
+    def _ensure(self, B, H, D, Dv, dtype, need: int) -> None:
+        have = 0 if self.keys is None else self.keys.shape[2]
+        if need > have:
+            grow = -(-(need - have) // STEP) * STEP
+            zk, zv = mx.zeros((B, H, grow, D), dtype), mx.zeros((B, H, grow, Dv), dtype)
+            self.keys = zk if self.keys is None else mx.concatenate([self.keys, zk], axis=2)
+            self.values = zv if self.values is None else mx.concatenate([self.values, zv], axis=2)
+
+    def update_and_fetch(self, keys, values):
+        B, H, n, D = keys.shape
+        lay = self.layout
+        W = lay.write
+        self._ensure(B, H, D, values.shape[3], keys.dtype, max(W + n, lay.capacity))
+        self.keys[..., W : W + n, :] = keys
+        self.values[..., W : W + n, :] = values
+        return self.keys[..., : lay.capacity, :], self.values[..., : lay.capacity, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size=None):
+        return self.layout.mask(window_size or self.window, return_array)
+
+    @property
+    def state(self):
+        return [] if self.keys is None else [self.keys, self.values]
+
+    def is_trimmable(self) -> bool:
+        return True
+
+
+def layer_kind(c) -> str:
+    if type(c) is KVCache:
+        return "kv"
+    if type(c) is RotatingKVCache and c.keep == 0:
+        return "window"
+    if isinstance(c, ArraysCache):
+        return "state"
+    return "native"
+
+
+def split_model(model):
+    """(inner, head): tokens -> post-norm hidden states, and hidden -> logits; None where the model's layout is
+    not the usual `model.model` + `lm_head` (or tied embeddings). The inner model alone fills the cache exactly
+    as the whole model does; head(inner(x)) equals the model's logits for the MTP families (not for gemma,
+    whose head also scales and soft-caps)."""
+    text = getattr(model, "language_model", model)
+    inner = getattr(text, "model", None)
+    if inner is None or not hasattr(inner, "embed_tokens"):
+        return None
+    head = getattr(text, "lm_head", None)
+    return inner, head if head is not None else inner.embed_tokens.as_linear
+
+
+class LM:
+    """A model over B rows of caches: prefill a row (a repeated prompt is prefilled once), feed blocks, keep
+    per-row prefixes (trim, holes, or snapshot + replay)."""
+
+    def __init__(self, model, role: str = "model", prefill_step: int = 512, hidden: bool = False,
+                 bucketed: bool | None = None):
+        self.model, self.role, self.prefill_step = model, role, prefill_step
+        self.kinds = [layer_kind(c) for c in make_prompt_cache(model)]
+        self.windows = [c.max_size if layer_kind(c) == "window" else None for c in make_prompt_cache(model)]
+        self.bucketed = use_bucketed(bucketed) and "native" not in self.kinds
+        self.parts = split_model(model)
+        if hidden and self.parts is None:
+            raise ModelError(f"the {role}'s hidden states are not reachable (model type {type(model).__module__})")
+        self.keep_hidden = hidden
+        self.hidden: mx.array | None = None  # (B, n, H) of the last forward, when keep_hidden
+        self.one_row = any(k in ("state", "native") for k in self.kinds)  # no holes, no splicing: one row
+        self.layout, self.caches = self._fresh(0, self.bucketed)
+        self._snap = None  # recurrent rows: (write, states) before the speculative tokens, and what was fed since
+        self._fed: list[mx.array] = []
+        self._prefix: tuple | None = None  # the last prefilled prompt: (tokens, layout, caches, hidden)
+        self.replayed_tokens = 0
+        self.reused = False  # the last set_row took its prompt from the previous prefill
+
+    def _fresh(self, rows: int, bucketed: bool):
+        layout = Layout(rows, bucketed)
+        native = make_prompt_cache(self.model)
+        caches = [RowKV(layout, w) if k in ("kv", "window") else c for k, w, c in zip(self.kinds, self.windows, native)]
+        return layout, caches
+
+    @property
+    def rows(self) -> int:
+        return len(self.layout.pos)
+
+    @property
+    def can_rollback(self) -> bool:
+        return "native" not in self.kinds
+
+    def require_rollback(self) -> None:
+        if not self.can_rollback:
+            kinds = sorted({type(c).__name__ for k, c in zip(self.kinds, self.caches) if k == "native"})
+            raise ModelError(f"the {self.role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected "
+                             "draft; speculative decoding of this model is not supported (use --draft none)")
+
+    # ---- rows -------------------------------------------------------------------------------------------------
+    def add_rows(self, n: int) -> None:
+        if self.one_row and self.rows + n > 1:
+            raise ModelError(f"the {self.role} keeps recurrent or opaque state: one row at a time")
+        lay = self.layout
+        lay.valid = np.concatenate([lay.valid, np.zeros((n, lay.write), bool)])
+        lay.pos = np.concatenate([lay.pos, np.zeros(n, np.int64)])
+        lay.dense = lay.write == 0
+        for c in self._kv():
+            if c.keys is not None:
+                c.keys = mx.concatenate([c.keys, mx.zeros((n,) + c.keys.shape[1:], c.keys.dtype)])
+                c.values = mx.concatenate([c.values, mx.zeros((n,) + c.values.shape[1:], c.values.dtype)])
+
+    def keep_rows(self, rows: list[int]) -> None:
+        if not rows:
+            self.layout, self.caches = self._fresh(0, self.bucketed)
+            return
+        lay = self.layout
+        lay.valid, lay.pos = lay.valid[rows], lay.pos[rows]
+        lay.truncate(lay.pos.copy())  # drop the slots only the removed rows held
+        idx = mx.array(rows, dtype=mx.int32)
+        for c in self._kv():
+            if c.keys is not None:
+                c.keys, c.values = c.keys[idx], c.values[idx]
+
+    def _kv(self) -> list[RowKV]:
+        return [c for c in self.caches if isinstance(c, RowKV)]
+
+    def _prefill(self, tokens: list[int]):
+        """Prefill `tokens` into fresh one-row caches, in chunks, without the LM head."""
+        self.reused = self._prefix is not None and self._prefix[0] == tuple(tokens)
+        if self.reused:
+            return self._prefix[1:]
+        layout, caches = self._fresh(1, False)
+        hidden = []
+        for i in range(0, len(tokens), self.prefill_step):
+            chunk = mx.array(tokens[i : i + self.prefill_step])[None]
+            layout.begin(chunk.shape[1], None)
+            h = self.parts[0](chunk, cache=caches) if self.parts else self.model(chunk, cache=caches)
+            layout.end()
+            if self.keep_hidden:
+                hidden.append(h)
+            mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
+        hidden = mx.concatenate(hidden, axis=1) if hidden else None
+        if "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time
+            self._prefix = (tuple(tokens), layout, caches, hidden)
+        return layout, caches, hidden
+
+    def set_row(self, row: int, tokens: list[int]) -> mx.array | None:
+        """Prefill `tokens` and put them in `row`, replacing whatever it held. Returns their hidden states
+        (1, n, H) when this model keeps them."""
+        layout, caches, hidden = self._prefill(tokens)
+        L = len(tokens)
+        self._snap, self._fed = None, []
+        if self.rows == 1:  # the whole state is this row's: take the prefilled caches as they are
+            self.layout.valid, self.layout.pos = np.ones((1, L), bool), np.array([L])
+            self.layout.write, self.layout.capacity, self.layout.dense = L, 0, True
+            new = []
+            for k, mine, pre in zip(self.kinds, self.caches, caches):
+                if isinstance(mine, RowKV):
+                    mine.keys = None if pre.keys is None else mx.array(pre.keys)  # a new array: writes stay ours
+                    mine.values = None if pre.values is None else mx.array(pre.values)
+                    new.append(mine)
+                elif k == "state":
+                    mine.cache = list(pre.cache)
+                    new.append(mine)
+                else:
+                    new.append(pre)
+            self.caches = new
+            if "native" in self.kinds:
+                self._prefix = None
+            return hidden
+        lay = self.layout
+        if L > lay.write:  # make room on the left for every row
+            grow = L - lay.write
+            lay.valid = np.concatenate([np.zeros((self.rows, grow), bool), lay.valid], axis=1)
+            lay.write += grow
+            lay.capacity += grow
+            for c in self._kv():
+                if c.keys is not None:
+                    B, H, _, D = c.keys.shape
+                    c.keys = mx.concatenate([mx.zeros((B, H, grow, D), c.keys.dtype), c.keys], axis=2)
+                    c.values = mx.concatenate([mx.zeros((B, H, grow, c.values.shape[3]), c.values.dtype), c.values],
+                                              axis=2)
+        W = lay.write
+        lay.valid[row] = False
+        lay.valid[row, W - L : W] = True
+        lay.pos[row] = L
+        lay.dense = bool(lay.valid.all())
+        for c, s in zip(self._kv(), [c for c in caches if isinstance(c, RowKV)]):
+            if L and s.keys is not None:
+                k, v = s.keys[..., :L, :], s.values[..., :L, :]
+                c._ensure(self.rows, k.shape[1], k.shape[3], v.shape[3], k.dtype, W)
+                c.keys[row : row + 1, :, W - L : W, :] = k
+                c.values[row : row + 1, :, W - L : W, :] = v
+        mx.eval([c.state for c in self._kv()])
+        return hidden
+
+    # ---- decoding ---------------------------------------------------------------------------------------------
+    def _run(self, tokens: mx.array, valid: np.ndarray | None, head: str):
+        """Feed a (B, n) block; head: "all" logits, "last" position's logits only, "none" (hidden states)."""
+        self.layout.begin(tokens.shape[1], valid)
+        if self.parts and (head != "all" or self.keep_hidden):
+            h = self.parts[0](tokens, cache=self.caches)
+            if self.keep_hidden:
+                self.hidden = h
+            out = h if head == "none" else self.parts[1](h if head == "all" else h[:, -1:])
+        else:
+            out = self.model(tokens, cache=self.caches)
+            out = out[:, -1:] if head == "last" else out
+        self.layout.end()
+        if self._snap is not None:
+            self._fed.append(tokens)
+        return out
+
+    def forward(self, tokens: mx.array, valid: np.ndarray | None = None, last: bool = False) -> mx.array:
+        """Append a (B, n) block (rows left-padded where `valid` is False) and return its next-token logits,
+        (B, n, V), or (B, 1, V) for the last position only."""
+        return self._run(tokens, valid, "last" if last else "all")
+
+    @property
+    def pos(self) -> np.ndarray:
+        return self.layout.pos
+
+    def checkpoint(self) -> None:
+        """Before speculative tokens: remember the recurrent state (no-op for attention-only models)."""
+        if "state" in self.kinds:
+            self._snap = (self.layout.write, [list(c.cache) if k == "state" else None
+                                               for k, c in zip(self.kinds, self.caches)])
+            self._fed = []
+
+    def truncate(self, keep: np.ndarray) -> None:
+        """Row b keeps its first keep[b] tokens."""
+        keep = np.minimum(np.asarray(keep, np.int64), self.layout.pos)
+        if (keep == self.layout.pos).all():
+            return
+        self.require_rollback()
+        if "state" not in self.kinds:
+            self.layout.truncate(keep)
+            if self.layout.write <= 2 * int(self.layout.pos.max(initial=0)) + 64 or self.layout.dense:
+                return
+            return self.compact()
+        if self._snap is None:
+            raise ModelError(f"the {self.role} cannot roll back: no snapshot before the speculative tokens")
+        at, states = self._snap
+        for k, c, saved in zip(self.kinds, self.caches, states):
+            if k == "state":
+                c.cache = list(saved)
+        fed = mx.concatenate(self._fed, axis=1) if self._fed else mx.zeros((1, 0), mx.int32)
+        replay = fed[:, : int(keep[0]) - at]
+        self.layout.truncate(np.array([at]))
+        self._snap, self._fed = None, []
+        if replay.shape[1]:
+            self._run(replay, None, "none")
+            self.replayed_tokens += replay.shape[1]
+
+    def compact(self) -> None:
+        """Squeeze the holes out (rows right-aligned)."""
+        lay = self.layout
+        width = int(lay.pos.max()) if self.rows else 0
+        idx = np.zeros((self.rows, width), np.int64)
+        valid = np.zeros((self.rows, width), bool)
+        for b in range(self.rows):
+            slots = np.nonzero(lay.valid[b])[0]
+            if len(slots):
+                idx[b, width - len(slots):] = slots
+                valid[b, width - len(slots):] = True
+        gather = mx.array(idx, dtype=mx.int32)
+        for c in self._kv():
+            if c.keys is None:
+                continue
+            B, H, _, D = c.keys.shape
+            c.keys = mx.take_along_axis(c.keys, mx.broadcast_to(gather[:, None, :, None], (B, H, width, D)), axis=2)
+            c.values = mx.take_along_axis(c.values, mx.broadcast_to(gather[:, None, :, None],
+                                                                    (B, H, width, c.values.shape[3])), axis=2)
+        lay.valid, lay.write, lay.capacity, lay.dense = valid, width, 0, bool(valid.all())
+        mx.eval([c.state for c in self._kv()])

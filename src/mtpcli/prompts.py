@@ -1,0 +1,134 @@
+"""The one prompt reader: --prompt, stdin, --prompt-file (files and folders), --prompts-jsonl, bench prompt sets.
+
+A prompt that cannot be used fails its own item (`error`); with one prompt the caller turns that into a usage
+error. Non-UTF-8 bytes are replaced, with a warning. A folder gives its *.txt files, recursively, sorted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UsageError
+
+SHIPPED = Path(__file__).parent / "bench_prompts"  # the content classes, for `mtpcli bench` without --prompts
+
+
+@dataclass
+class Item:
+    index: int
+    source: str
+    text: str | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return Path(self.source).stem if ":" not in self.source else self.source.rsplit("/", 1)[-1]
+
+
+def warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def decode(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        warn(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD")
+        return data.decode("utf-8", errors="replace")
+
+
+def _file(index: int, path: Path) -> Item:
+    try:
+        return Item(index, str(path), decode(path.read_bytes(), str(path)))
+    except OSError as e:
+        return Item(index, str(path), error=f"cannot read {path}: {e.strerror or e}")
+
+
+def _jsonl_row(index: int, source: str, line: str) -> Item:
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        return Item(index, source, error=f"{source}: not valid JSON ({e.msg})")
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+        return Item(index, source, error=f"{source}: needs a JSON object with a string \"prompt\"")
+    unknown = sorted(set(row) - {"prompt", "max_tokens", "seed"})
+    if unknown:
+        return Item(index, source, error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed)")
+    for key, low in (("max_tokens", 1), ("seed", 0)):
+        if key in row and (type(row[key]) is not int or row[key] < low):
+            return Item(index, source, error=f"{source}: {key} must be an integer >= {low}")
+    return Item(index, source, row["prompt"], row.get("max_tokens"), row.get("seed"))
+
+
+def read_files(names: list[str], flag: str = "--prompt-file") -> list[Item]:
+    items: list[Item] = []
+    for name in names:
+        path = Path(name)
+        if path.is_dir():
+            files = sorted(path.rglob("*.txt"))
+            if not files:
+                raise UsageError(f"{flag} {name}: no .txt files in that folder")
+            items += [_file(len(items) + i, p) for i, p in enumerate(files)]
+        elif path.suffix == ".jsonl" and flag == "--prompts":
+            items += read_jsonl(name, flag, start=len(items))
+        else:
+            items.append(_file(len(items), path))
+    return items
+
+
+def read_jsonl(name: str, flag: str = "--prompts-jsonl", start: int = 0) -> list[Item]:
+    try:
+        lines = Path(name).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        raise UsageError(f"{flag} {name}: {e.strerror or e}") from None
+    items = [_jsonl_row(start + i, f"{name}:{n}", line)
+             for i, (n, line) in enumerate((n, x) for n, x in enumerate(lines, 1) if x.strip())]
+    if not items:
+        raise UsageError(f"{flag} {name}: no prompts in the file")
+    return items
+
+
+def read(prompt: str | None, files: list[str], jsonl: str | None, stdin=None) -> tuple[list[Item], bool]:
+    """(items, single): several prompts, or the one prompt of --prompt, a file, or stdin."""
+    if jsonl or len(files) > 1 or any(Path(f).is_dir() for f in files):
+        if prompt is not None:
+            raise UsageError("give either --prompt or several prompts (--prompt-file, --prompts-jsonl), not both")
+        if "-" in files:
+            raise UsageError("--prompt-file -: stdin can be one of several prompts only through --prompts-jsonl")
+        items = read_files(files) + (read_jsonl(jsonl, start=len(files)) if jsonl else [])
+        for i, it in enumerate(items):
+            it.index = i
+        return items, False
+    stdin = stdin or sys.stdin
+    if prompt is not None and files:
+        raise UsageError("give either --prompt or --prompt-file, not both")
+    if prompt is not None:
+        item = Item(0, "--prompt", prompt)
+    elif not files or files[0] == "-":
+        if not files and (stdin is None or stdin.isatty()):
+            raise UsageError("no prompt: give --prompt TEXT, --prompt-file PATH, or pipe text on stdin")
+        item = Item(0, "stdin", decode(stdin.buffer.read(), "stdin"))
+    else:
+        item = _file(0, Path(files[0]))
+        if item.error:
+            raise UsageError(f"--prompt-file {item.error.removeprefix('cannot read ')}")
+    return [item], True
+
+
+def bench_set(source: str | None) -> list[Item]:
+    """`mtpcli bench --prompts`: folders (recursive), .jsonl files, text files, comma-separated; the shipped
+    content classes by default."""
+    names = [p for p in (source or str(SHIPPED)).split(",") if p]
+    for name in names:
+        if not Path(name).exists():
+            raise UsageError(f"--prompts {name}: no such file or folder")
+    items = read_files(names, "--prompts")
+    bad = next((it for it in items if it.error), None)
+    if bad:
+        raise UsageError(f"--prompts: {bad.error}")
+    return items
