@@ -1,16 +1,16 @@
 """Several prompts decoded as one batch: rows equal their single decodes, stay exact, fail alone."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 
-from mtpcli import lm
-from mtpcli.batch_engine import BatchEngine, Request
+from mtpcli import cache
 from mtpcli.controller import EmaController, FixedWidth
-from mtpcli.drafters.model import ModelBatchDrafter, ModelDrafter
-from mtpcli.drafters.ngram import NgramBatch, NgramDrafter
-from mtpcli.engine import DecodeConfig, Engine
+from mtpcli.drafters.model import ModelDrafter
+from mtpcli.drafters.ngram import NgramDrafter
+from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams
 from stattools import fits
 from test_engine import target_marginals
@@ -22,20 +22,19 @@ def single(tiny, kind, ids, seed, sp, max_tokens, width=3, **cfg):
     target, draft = tiny
     drafter = {"model": lambda: ModelDrafter(draft.model), "ngram": lambda: NgramDrafter(1, 3),
                "none": lambda: None}[kind]()
-    eng = Engine(target.model, drafter, FixedWidth(width if drafter else 0), [1],
-                 DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed, **cfg))
-    return [t for ev in eng.generate(ids) for t in ev.tokens]
+    eng = Engine(target.model, drafter, FixedWidth(width if drafter else 0), [1], DecodeConfig(sampling=sp, **cfg))
+    return [t for ev in eng.generate([Request(0, ids, max_tokens, seed)]) for t in ev.tokens]
 
 
 def batched(tiny, kind, requests, sp, batch_size, controller=None, width=3, eos=(1,), **cfg):
     target, draft = tiny
-    drafter = {"model": lambda: ModelBatchDrafter(draft.model), "ngram": lambda: NgramBatch(1, 3),
+    drafter = {"model": lambda: ModelDrafter(draft.model), "ngram": lambda: NgramDrafter(1, 3),
                "none": lambda: None}[kind]()
-    eng = BatchEngine(target.model, drafter, controller or FixedWidth(width if drafter else 0), eos,
-                      DecodeConfig(sampling=sp, **cfg), batch_size)
+    eng = Engine(target.model, drafter, controller or FixedWidth(width if drafter else 0), eos,
+                 DecodeConfig(sampling=sp, **cfg), batch_size)
     out = {r.index: [] for r in requests}
     for ev in eng.generate(requests):
-        out[ev.completion].extend(ev.tokens)
+        out[ev.request].extend(ev.tokens)
     return out, eng
 
 
@@ -52,7 +51,7 @@ CASES += [("model", SamplingParams(), True), ("ngram", SamplingParams(temp=1.0),
 def test_every_row_equals_its_prompt_decoded_alone(tiny, kind, sp, bucketed, monkeypatch):
     """Same seed, same tokens: at T=0 and at T>0 (the row's keys are its own), whatever the neighbours, the
     batch size (refills included) or the cache layout; long enough for holes to be compacted."""
-    monkeypatch.setattr(lm, "BUCKETED_DEFAULT", bucketed)
+    monkeypatch.setattr(cache, "BUCKETED_DEFAULT", bucketed)
     reqs = requests(tiny, max_tokens=120)
     alone = {r.index: single(tiny, kind, r.prompt, r.seed, sp, r.max_tokens) for r in reqs}
     for size in (1, 4, len(reqs)):
@@ -74,9 +73,14 @@ def test_adaptive_width_is_shared_and_greedy_rows_stay_lossless(tiny):
     reqs = requests(tiny, max_tokens=60)
     alone = {r.index: single(tiny, "none", r.prompt, r.seed, SamplingParams(), r.max_tokens) for r in reqs}
     ema = EmaController(1, 6)
+    widths = []
+    width = ema.width
+    ema.width = lambda: widths.append((width(), list(ema.estimates))) or widths[-1][0]
     out, eng = batched(tiny, "model", reqs, SamplingParams(), 3, controller=ema)
     assert out == alone
-    assert ema.batch <= 3 and len(ema.estimates) == ema.batch  # finished rows left the shared width
+    # ONE width per cycle: the widest member's; finished rows with no refill leave the shared width
+    assert all(w == max(min(max(math.floor(e + 0.5), 1), 6) for e in ests) for w, ests in widths)
+    assert len(widths[-1][1]) < 3 and len(set(w for w, _ in widths)) > 1
 
 
 def test_batch_rows_are_exact_at_t1(tiny):

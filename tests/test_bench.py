@@ -2,7 +2,9 @@
 
 import json
 
-from mtpcli import bench, runlog
+import pytest
+
+from mtpcli import bench, prompts, runlog
 
 
 def test_bench_runs_every_arm_on_the_same_prompts_and_seeds(tiny_paths, tmp_path):
@@ -10,12 +12,15 @@ def test_bench_runs_every_arm_on_the_same_prompts_and_seeds(tiny_paths, tmp_path
     (tmp_path / "p" / "a.txt").write_text("def fib(n):")
     (tmp_path / "p" / "sub" / "b.txt").write_text("the sea is ")
     result = bench.bench(model=str(tiny_paths["target"]), draft_model=str(tiny_paths["draft"]), draft=None,
-                         profile_names=["exact", "typical-0.09"], seeds=2, prompts=str(tmp_path / "p"), max_tokens=12,
+                         profile_names=["exact", "typical-0.09"], seeds=2, prompt_source=str(tmp_path / "p"), max_tokens=12,
                          prompt_tokens=None, baselines=["ar", "mlx-lm", "mlx-lm-plain"],
                          flags={"temp": 1.0, "chat": False}, argv=["bench"], log=True)
     arms = [a["arm"] for a in result["arms"]]
     assert arms == ["exact", "typical-0.09", "ar (plain)", "mlx-lm speculative", "mlx-lm plain"]
-    assert result["arms"][0]["ratio"] == 1.0
+    base = result["arms"][0]["decode_tps"]["median"]
+    for a in result["arms"]:  # every ratio is the arm's median decode speed over the first arm's
+        assert a["ratio"] == pytest.approx(a["decode_tps"]["median"] / base)
+    assert len({a["ratio"] for a in result["arms"]}) > 1
     assert result["config"]["prompts"] == ["a", "b"]  # found recursively
     for a in result["arms"]:
         assert a["decode_tps"]["min"] <= a["decode_tps"]["median"] <= a["decode_tps"]["max"]
@@ -31,5 +36,7 @@ def test_bench_prompt_sources(tmp_path):
     f.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
     t = tmp_path / "one.txt"
     t.write_text("c")
-    assert [x[1] for x in bench.read_prompts(f"{f},{t}")] == ["a", "b", "c"]
+    assert [x.text for x in prompts.bench_set(f"{f},{t}")] == ["a", "b", "c"]
+    shipped = prompts.bench_set(None)  # without --prompts: the content classes shipped with the package
+    assert len(shipped) >= 7 and {"tool_calls", "rename", "history"} <= {x.name for x in shipped}
     assert bench.fit_length([1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]

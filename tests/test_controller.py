@@ -46,15 +46,9 @@ def test_invalid_bounds_are_refused(kw):
         EmaController(**kw)
 
 
-def old_public_update(e, requested, accepted, alpha=0.25, probe=1.0):
-    """The public version's rule: it compared the accept count with the REQUESTED width."""
-    return e + probe if accepted >= requested else (1 - alpha) * e + alpha * accepted
-
-
 def test_bug1_floor_cut_then_fully_accepted_is_censored_not_partial():
-    # Requested 4, the confidence floor cut the draft to 2 tokens, and both were accepted.
-    old = old_public_update(3.0, requested=4, accepted=2)
-    assert old < 3.0  # the bug: a full accept pulled the estimate down
+    # Requested 4, the confidence floor cut the draft to 2 tokens, and both were accepted: a full accept of what
+    # was drafted says only "acceptance >= 2" (censored), so it probes up instead of averaging 2 in.
     c = EmaController(n_min=1, n_max=8, init=3.0)
     c.update([2], [2])  # fed the realized length
     assert c.estimate() == 4.0  # censored: probe up

@@ -36,8 +36,8 @@ def write_tokenizer(path: Path, chat_template: bool = False, vocab: list[str] = 
 
 
 def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 32, logit_scale: float = 4.0,
-               chat_template: bool = False, max_positions: int = 256, vocab: list[str] = VOCAB) -> Path:
-    """Write a random llama with the tiny tokenizer to `path`; returns the path."""
+               chat_template: bool = False, max_positions: int = 256, vocab: list[str] = VOCAB, **extra) -> Path:
+    """Write a random llama with the tiny tokenizer to `path` (`extra`: more config keys); returns the path."""
     from mlx_lm.models import llama
 
     path = Path(path)
@@ -46,7 +46,7 @@ def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 3
         "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
         "intermediate_size": 2 * hidden, "num_attention_heads": 4, "num_key_value_heads": 2,
         "rms_norm_eps": 1e-5, "vocab_size": len(vocab), "tie_word_embeddings": False,
-        "max_position_embeddings": max_positions, "rope_theta": 10000.0, "eos_token_id": 1,
+        "max_position_embeddings": max_positions, "rope_theta": 10000.0, "eos_token_id": 1, **extra,
     }
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))

@@ -288,13 +288,13 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     total = RunStats.total([c.stats for c in completions if c.stats])
     failed = sum(1 for c in completions if c.item.error)
     record = {**total.to_dict(), "settings": settings_record(s, law)}
-    if len(completions) > 1:
+    if not single or n > 1:
         record["batch"] = {"prompts": len(items), "failed": failed, "batch_size": engine.batch_size,
                            "cycles": engine.cycles, "tokens": total.generated_tokens, "wall_s": wall,
                            "throughput_tok_s": total.generated_tokens / wall if wall > 0 else 0.0,
                            "batched": engine.batch_size > 1}
     if v["format"] == "json":
-        doc = completions[0].row(False) if len(completions) == 1 else {
+        doc = completions[0].row(False) if "batch" not in record else {
             "completions": [c.row(not single) for c in completions], "stats": total.to_dict(), "batch": record["batch"]}
         output.write(json.dumps({**doc, "settings": record["settings"]}) + "\n")
     if output.closed:
