@@ -15,24 +15,23 @@ import argparse
 import json
 import time
 
-from mtpcli import models
-from mtpcli.batch_engine import BatchEngine, Request
-from mtpcli.bench import fit_length, read_prompts
+from mtpcli import models, prompts
+from mtpcli.bench import fit_length
 from mtpcli.controller import EmaController, FixedWidth
-from mtpcli.drafters.model import ModelBatchDrafter
-from mtpcli.engine import DecodeConfig
+from mtpcli.drafters.model import ModelDrafter
+from mtpcli.engine import DecodeConfig, Engine, Request
 
 
 def run(target, draft, arm: str, reqs: list[Request], size: int) -> dict:
     if arm == "plain":
         drafter, ctl = None, FixedWidth(0)
     else:
-        drafter = ModelBatchDrafter(draft.model)
+        drafter = ModelDrafter(draft.model)
         ctl = FixedWidth(4) if arm == "fixed-4" else EmaController(1, 6)
-    eng = BatchEngine(target.model, drafter, ctl, target.tokenizer.eos_token_ids, DecodeConfig(), size)
+    eng = Engine(target.model, drafter, ctl, target.tokenizer.eos_token_ids, DecodeConfig(), size)
     tokens = {r.index: [] for r in reqs}
     for ev in eng.generate(reqs):
-        tokens[ev.completion].extend(ev.tokens)
+        tokens[ev.request].extend(ev.tokens)
     runs = list(eng.runs.values())
     prefill = sum(r.prefill_s for r in runs)
     decode_wall = eng.wall_s - prefill
@@ -57,7 +56,7 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     target, draft = models.load(a.model), models.load(a.draft_model)
-    texts = [t for _, t in read_prompts(a.prompts)]
+    texts = [it.text for it in prompts.bench_set(a.prompts)]
     res = {"argv": vars(a), "runs": []}
     for size in [int(x) for x in a.sizes.split(",")]:
         reqs = [Request(i, fit_length(list(target.tokenizer.encode(texts[i % len(texts)])), a.prompt_tokens),

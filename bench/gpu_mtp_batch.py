@@ -20,11 +20,10 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from gpu_shapes import CPU_ACCEPTANCE, SHAPES, FixedProposer, cycle_time, expected_tokens, model
-from mtpcli.batch_engine import BatchEngine, Request
 from mtpcli.controller import FixedWidth
 from mtpcli.drafters.mtp import MtpDrafter
 from mtpcli.drafters.ngram import NgramDrafter
-from mtpcli.engine import DecodeConfig
+from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.mtp import MtpHead
 
 MTP_ACCEPTANCE = [0.85, 0.7, 0.6, 0.5]  # assumed conditional acceptance by depth (DeepSeek-V3 reports 85-90% at depth 1)
@@ -42,29 +41,9 @@ def mtp_head(shape: str, dtype):
     return head
 
 
-class ZeroCostBatch:
-    """A batch proposer that costs nothing: k constant tokens per row."""
-
-    def add_rows(self, n):
-        pass
-
-    def keep_rows(self, rows):
-        pass
-
-    def set_row(self, row, prompt):
-        pass
-
-    def propose(self, contexts, caps, sp, keys):
-        k = max(caps)
-        return mx.full((len(contexts), k), 7, mx.int32), None, list(caps), list(caps)
-
-    def commit(self, contexts, n):
-        pass
-
-
 def batch_cycle(target, rows: int, width: int, ctx: int, cycles: int) -> float:
-    drafter = ZeroCostBatch() if width else None
-    eng = BatchEngine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=10**6), batch_size=rows)
+    drafter = FixedProposer() if width else None
+    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=10**6), batch_size=rows)
     reqs = [Request(i, [(i * 31 + j) % 1000 + 1 for j in range(ctx)], 10**6, i) for i in range(rows)]
     events = eng.generate(reqs)
     while eng.cycles < 3:  # warm

@@ -20,11 +20,11 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 
 from mtpcli.controller import FixedWidth
-from mtpcli.drafters import Proposal
+from mtpcli.drafters import Draft
 from mtpcli.drafters.model import ModelDrafter
-from mtpcli.engine import DecodeConfig, Engine
-from mtpcli import lm as lm_module
-from mtpcli.lm import CachedLM
+from mtpcli.engine import DecodeConfig, Engine, Request
+from mtpcli import cache as lm_module
+from mtpcli.cache import LM
 
 SHAPES = {  # Qwen2.5 configs (public config.json values)
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864, num_attention_heads=14,
@@ -69,41 +69,47 @@ def median_time(fn, reps: int) -> float:
 
 
 def forward_latency(m, ctx: int, ns, reps: int) -> dict[int, float]:
-    lm = CachedLM(m)
-    lm.prefill(list(range(1, ctx + 1)))
+    lm = LM(m)
+    lm.add_rows(1)
+    lm.set_row(0, list(range(1, ctx + 1)))
     out = {}
     for n in ns:
-        toks = mx.arange(n, dtype=mx.int32) + 5
+        toks = (mx.arange(n, dtype=mx.int32) + 5)[None]
 
         def step():
             mx.eval(lm.forward(toks))
-            lm.rollback(ctx)
+            lm.truncate(lm.pos * 0 + ctx)
         out[n] = median_time(step, reps)
     return out
 
 
 class FixedProposer:
-    """A zero-cost proposer (like n-gram lookup): always proposes k known tokens."""
+    """A zero-cost proposer (like n-gram lookup): always proposes k known tokens per row."""
 
     name = "fixed"
     needs_hidden = False
+    speculates = True
+    max_rows = None
 
-    def begin(self, prompt, hidden=None):
+    def add_rows(self, n):
         pass
 
-    def restart(self):
+    def keep_rows(self, rows):
         pass
 
-    def propose(self, context, k, sp, key):
-        return Proposal(mx.full((k,), 7, mx.int32), None, k, k)
+    def start(self, row, prompt, hidden=None, keep=False):
+        pass
 
-    def commit(self, context, proposal, n, hidden=None):
+    def propose(self, contexts, caps, sp, keys):
+        return Draft(mx.full((len(contexts), max(caps)), 7, mx.int32), None, list(caps), list(caps))
+
+    def commit(self, contexts, n, hidden=None):
         pass
 
 
 def cycle_time(target, drafter, width: int, ctx: int, cycles: int, prompt: list[int] | None = None) -> float:
     eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=10**6))
-    gen = eng.generate(prompt or list(range(1, ctx + 1)))
+    gen = eng.generate([Request(0, prompt or list(range(1, ctx + 1)), 10**6, 0)])
     for _ in range(3):  # warm
         next(gen)
     t = time.perf_counter()

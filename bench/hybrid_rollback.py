@@ -16,7 +16,7 @@ import time
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from mtpcli.lm import CachedLM
+from mtpcli.cache import LM
 
 
 def main():
@@ -39,17 +39,17 @@ def main():
                max_position_embeddings=4096, full_attention_interval=4)
     model = qwen3_next.Model(qwen3_next.ModelArgs.from_dict(cfg))
     model.update(tree_map(lambda w: w * 0.02 if w.ndim > 1 else w, model.parameters()))
-    lm = CachedLM(model)
-    lm.prefill(list(range(1, a.ctx)))
-    lm.mark(base=True)
-    toks = mx.arange(a.k + 1, dtype=mx.int32) + 3
+    lm = LM(model)
+    lm.add_rows(1)
+    lm.set_row(0, list(range(1, a.ctx)), keep=True)
+    toks = (mx.arange(a.k + 1, dtype=mx.int32) + 3)[None]
 
     def cycle(accepted: int):
-        lm.mark()
+        lm.checkpoint()
         mx.eval(lm.forward(toks))
-        lm.rollback(lm.offset - a.k + accepted)
-        mx.eval([c.state for c in lm.cache])
-        lm.rollback(a.ctx - 1)  # back to the base for the next repetition (replays nothing)
+        lm.truncate(lm.pos - a.k + accepted)
+        mx.eval([getattr(c, "state", []) for c in lm.caches])
+        lm.set_row(0, list(range(1, a.ctx)), keep=True)  # back to the prompt for the next repetition (prefix reuse)
 
     out = {}
     for accepted in (a.k, 0, a.k // 2):

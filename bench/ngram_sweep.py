@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from mtpcli.bench import fit_length, read_prompts
+from mtpcli import prompts
+from mtpcli.bench import fit_length
 from mtpcli.generate import encode_prompt
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.sampling import SamplingParams
@@ -55,7 +56,7 @@ def main():
     from mtpcli import models
 
     tok = load_tokenizer(Path(models.resolve(a.model)))
-    texts = {name: text for name, text in read_prompts(a.prompts)}
+    texts = {it.name: it.text for it in prompts.bench_set(a.prompts)}
     cases = {}
     for f in a.results:
         r = json.load(open(f))

@@ -40,7 +40,7 @@ class Layout:
         self.valid = np.zeros((rows, 0), bool)  # (B, write)
         self.pos = np.zeros(rows, np.int64)  # valid tokens per row = the next RoPE position
         self.write = 0
-        self.capacity = 0
+        self.capacity = self.span = 0
         self.bucketed = bucketed
         self.dense = True  # every row valid in every slot < write: mlx-lm's own masks and an int offset
         self.offset: int | mx.array = 0
@@ -55,6 +55,9 @@ class Layout:
         self._block = np.ones((B, n), bool) if block_valid is None else block_valid
         self._n = n
         self.capacity = max(self.capacity, -(-(self.write + n) // STEP) * STEP) if self.bucketed else self.write + n
+        # attended slots: the bucketed span, except for one dense token (a plain step), which attends over exactly
+        # what is written and needs no mask, as in mlx-lm's own loop
+        self.span = self.write + n if not self.bucketed or (self._block_dense and n == 1) else self.capacity
         if self._block_dense:
             self.offset = self.write
         else:
@@ -69,9 +72,9 @@ class Layout:
         return self._masks[key]
 
     def _make_mask(self, window: int | None, return_array: bool):
-        W, n, span = self.write, self._n, self.capacity
+        W, n, span = self.write, self._n, self.span
         if self._block_dense:
-            if not self.bucketed and (window is None or W + n <= window) and not return_array:
+            if span == W + n and (window is None or W + n <= window) and not return_array:
                 return None if n == 1 else "causal"
             rinds = mx.arange(span)[None]  # causal over the span hides the unwritten slots too
             linds = mx.arange(W, W + n)[:, None]
@@ -141,7 +144,7 @@ class RowKV:
         self._ensure(B, H, D, values.shape[3], keys.dtype, max(W + n, lay.capacity))
         self.keys[..., W : W + n, :] = keys
         self.values[..., W : W + n, :] = values
-        return self.keys[..., : lay.capacity, :], self.values[..., : lay.capacity, :]
+        return self.keys[..., : lay.span, :], self.values[..., : lay.span, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
         return self.layout.mask(window_size or self.window, return_array)
@@ -244,15 +247,21 @@ class LM:
         for c in self._kv():
             if c.keys is not None:
                 c.keys, c.values = c.keys[idx], c.values[idx]
+        if lay.write and not lay.valid[:, 0].any():  # the rows that held the leading slots left
+            self.compact()
 
     def _kv(self) -> list[RowKV]:
         return [c for c in self.caches if isinstance(c, RowKV)]
 
-    def _prefill(self, tokens: list[int]):
-        """Prefill `tokens` into fresh one-row caches, in chunks, without the LM head."""
+    def _prefill(self, tokens: list[int], keep: bool):
+        """Prefill `tokens` into fresh one-row caches, in chunks, without the LM head; `keep` them for the next
+        set_row of the same tokens (-n), else let them go (held twice, the prompt's cache would cost twice)."""
         self.reused = self._prefix is not None and self._prefix[0] == tuple(tokens)
         if self.reused:
-            return self._prefix[1:]
+            prefix = self._prefix[1:]
+            if not keep:
+                self._prefix = None
+            return prefix
         layout, caches = self._fresh(1, False)
         hidden = []
         for i in range(0, len(tokens), self.prefill_step):
@@ -264,14 +273,17 @@ class LM:
                 hidden.append(h)
             mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
         hidden = mx.concatenate(hidden, axis=1) if hidden else None
-        if "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time
+        self._prefix = None
+        if keep and "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time
             self._prefix = (tuple(tokens), layout, caches, hidden)
         return layout, caches, hidden
 
-    def set_row(self, row: int, tokens: list[int]) -> mx.array | None:
-        """Prefill `tokens` and put them in `row`, replacing whatever it held. Returns their hidden states
-        (1, n, H) when this model keeps them."""
-        layout, caches, hidden = self._prefill(tokens)
+    def set_row(self, row: int, tokens: list[int], keep: bool = False) -> mx.array | None:
+        """Prefill `tokens` and put them in `row`, replacing whatever it held (`keep`: the next set_row will be the
+        same tokens, prefill them once). Returns their hidden states (1, n, H) when this model keeps them."""
+        layout, caches, hidden = self._prefill(tokens, keep)
+        shared = self._prefix is not None  # the prefilled arrays are kept: ours must be new array objects
+        own = (lambda a: mx.array(a)) if shared else (lambda a: a)
         L = len(tokens)
         self._snap, self._fed = None, []
         if self.rows == 1:  # the whole state is this row's: take the prefilled caches as they are
@@ -280,8 +292,8 @@ class LM:
             new = []
             for k, mine, pre in zip(self.kinds, self.caches, caches):
                 if isinstance(mine, RowKV):
-                    mine.keys = None if pre.keys is None else mx.array(pre.keys)  # a new array: writes stay ours
-                    mine.values = None if pre.values is None else mx.array(pre.values)
+                    mine.keys = None if pre.keys is None else own(pre.keys)  # a new array: writes stay ours
+                    mine.values = None if pre.values is None else own(pre.values)
                     new.append(mine)
                 elif k == "state":
                     mine.cache = list(pre.cache)
@@ -289,8 +301,6 @@ class LM:
                 else:
                     new.append(pre)
             self.caches = new
-            if "native" in self.kinds:
-                self._prefix = None
             return hidden
         lay = self.layout
         if L > lay.write:  # make room on the left for every row
@@ -322,8 +332,8 @@ class LM:
     def _run(self, tokens: mx.array, valid: np.ndarray | None, head: str):
         """Feed a (B, n) block; head: "all" logits, "last" position's logits only, "none" (hidden states)."""
         self.layout.begin(tokens.shape[1], valid)
-        if self.parts and (head != "all" or self.keep_hidden):
-            h = self.parts[0](tokens, cache=self.caches)
+        if self.parts and (head == "none" or self.keep_hidden):  # (the split head is the model's own logits
+            h = self.parts[0](tokens, cache=self.caches)         # only for the MTP families: not gemma's)
             if self.keep_hidden:
                 self.hidden = h
             out = h if head == "none" else self.parts[1](h if head == "all" else h[:, -1:])

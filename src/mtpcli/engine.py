@@ -47,6 +47,8 @@ def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | N
     the floor summed over the positions its test reached (for the statistics); [] for the other laws."""
     sp = cfg.sampling
     if cfg.law == "greedy":
+        if drafts.shape[1] == 0:  # a plain step: the argmax, in as few device operations as mlx-lm's loop
+            return verify.Verdict(mx.zeros(len(lengths), mx.int32), mx.argmax(logits[:, -1], axis=-1)), []
         return verify.greedy(logits, drafts, lengths), []
     if cfg.law == "exact":
         return verify.exact(probs(logits, sp), q, drafts, keys, lengths), []
@@ -136,7 +138,7 @@ class Engine:
             part.add_rows(n)
         self.controller.batch = n
         self.controller.reset()
-        self.rows = [self._start(b, queue.popleft()) for b in range(n)]
+        self.rows = [self._start(b, queue) for b in range(n)]
         pending = None
         try:
             while self.rows or pending:
@@ -145,14 +147,17 @@ class Engine:
                 if pending is not None:
                     yield from self._complete(pending)
                     self._refill(queue)
+                    self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 pending = nxt if chain else (self._launch(None) if self.rows else None)
         finally:
             self.wall_s = time.perf_counter() - t_start
 
-    def _start(self, b: int, req: Request) -> Row:
+    def _start(self, b: int, queue: deque) -> Row:
         t0 = time.perf_counter()
-        hidden = self.target.set_row(b, req.prompt[:-1])
-        self.drafter.start(b, req.prompt, hidden)
+        req = queue.popleft()
+        again = bool(queue) and queue[0].prompt == req.prompt  # -n: the next request prefills nothing
+        hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
+        self.drafter.start(b, req.prompt, hidden, keep=again)
         self.controller.reset(b)
         shared = self.target.reused
         run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
@@ -166,11 +171,8 @@ class Engine:
 
     def _refill(self, queue: deque) -> None:
         for b, row in enumerate(self.rows):
-            if row.done:
-                row.run.peak_memory_bytes = mx.get_peak_memory()
-                row.run.controller_estimate = self.controller.estimate(b)
-                if queue:
-                    self.rows[b] = self._start(b, queue.popleft())
+            if row.done and queue:
+                self.rows[b] = self._start(b, queue)
         live = [b for b, r in enumerate(self.rows) if not r.done]
         if len(live) < len(self.rows):  # nothing left to refill these rows with
             self.rows = [self.rows[b] for b in live]
@@ -186,9 +188,9 @@ class Engine:
         holds start from its tokens on the device, without waiting for them."""
         t0 = time.perf_counter()
         cfg, rows = self.cfg, self.rows
-        splits = [mx.random.split(r.key, 3) for r in rows]
+        splits = [(None,) * 3 if cfg.sampling.greedy else mx.random.split(r.key, 3) for r in rows]
         for r, s in zip(rows, splits):
-            r.key = s[0]
+            r.key = s[0]  # (greedy decoding draws nothing: no keys)
         width = self._width()
         caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
@@ -198,21 +200,25 @@ class Engine:
         last = mx.array([c[-1] for c in contexts], dtype=mx.int32)
         if prev is not None:
             at = {id(r): i for i, r in enumerate(prev.rows)}
-            idx = [at.get(id(r), 0) for r in rows]
-            chained = mx.array([id(r) in at for r in rows])
-            last = mx.where(chained, prev.verdict.token[mx.array(idx, dtype=mx.int32)], last).astype(mx.int32)
+            idx = [at.get(id(r), -1) for r in rows]
+            if idx == list(range(len(prev.rows))):  # the same rows: the previous tokens as they are
+                last = prev.verdict.token.astype(mx.int32)
+            else:
+                token = prev.verdict.token[mx.array([max(i, 0) for i in idx], dtype=mx.int32)]
+                last = mx.where(mx.array([i >= 0 for i in idx]), token, last).astype(mx.int32)
         if draft.k:
             self.target.checkpoint()  # recurrent targets: snapshot before the speculative tokens
         before = self.target.pos.copy()
-        logits = self.target.forward(mx.concatenate([last[:, None], draft.tokens], axis=1))  # (B, k+1, V)
+        block = mx.concatenate([last[:, None], draft.tokens], axis=1) if draft.k else last[:, None]
+        logits = self.target.forward(block)  # (B, k+1, V)
         v, sums = judge(cfg, logits, draft.tokens, draft.q, [s[2] for s in splits], draft.lengths)
         mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums)
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0)
 
     def _complete(self, c: Cycle) -> Iterator[Event]:
         """ONE host sync, then commit and roll back what the law rejected, and record."""
-        n_acc, tok = c.verdict.n_accepted.tolist(), c.verdict.token.tolist()
-        d = c.drafts.tolist()
+        tok = c.verdict.token.tolist()
+        n_acc, d = (c.verdict.n_accepted.tolist(), c.drafts.tolist()) if c.width else ([0] * len(tok), [[]] * len(tok))
         sums = [x.tolist() for x in c.sums]
         if c.width:
             self.target.truncate(c.before + np.array(n_acc) + 1)
@@ -226,14 +232,14 @@ class Engine:
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
             self.controller.update(c.lengths, n_acc, seconds=seconds)
-        self.cycles += 1
+        self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped
-                yield from self._record(r, c.lengths[b], c.requested[b], n_acc[b], news[b], seconds,
+                yield from self._record(b, r, c.lengths[b], c.requested[b], n_acc[b], news[b], seconds,
                                         [x[b] for x in sums], now)
 
-    def _record(self, r: Row, k: int, requested: int, n: int, new: list[int], seconds: float, typical: list,
-                now: float) -> Iterator[Event]:
+    def _record(self, b: int, r: Row, k: int, requested: int, n: int, new: list[int], seconds: float,
+                typical: list, now: float) -> Iterator[Event]:
         stop = next((i for i, t in enumerate(new) if t in self.eos), None)
         counted = new if stop is None else new[: stop + 1]  # nothing after an EOS counts
         run = r.run
@@ -245,11 +251,13 @@ class Engine:
         if run.ttft_s is None:
             run.ttft_s = now - r.started
         r.generated += len(counted)
+        r.done = stop is not None or r.generated >= r.req.max_tokens
+        if r.done:
+            run.peak_memory_bytes = mx.get_peak_memory()
+            run.controller_estimate = self.controller.estimate(b)
         if stop is not None:
-            r.done = True
             yield Event(r.req.index, new[:stop], "stop")
-        elif r.generated >= r.req.max_tokens:
-            r.done = True
+        elif r.done:
             yield Event(r.req.index, new, "length")
         else:
             yield Event(r.req.index, new)

@@ -1,7 +1,8 @@
 """Draft sources, behind ONE batched protocol that the engine drives (one prompt is a batch of one row):
 
     add_rows(n) / keep_rows(rows)            the batch grows, or keeps these rows in this order
-    start(row, prompt, hidden)                a row begins a prompt (hidden: the target's prompt states)
+    start(row, prompt, hidden, keep)          a row begins a prompt (hidden: the target's prompt states;
+                                              keep: the next row to start has the same prompt, -n)
     propose(contexts, caps, sp, keys) -> Draft    up to caps[b] tokens per row, row b drawing with keys[b]
     commit(contexts, n_accepted, hidden)      contexts already hold the committed tokens
 
@@ -86,7 +87,7 @@ class NoDraft:
     def keep_rows(self, rows: list[int]) -> None:
         pass
 
-    def start(self, row: int, prompt: list[int], hidden=None) -> None:
+    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         pass
 
     def propose(self, contexts, caps, sp, keys) -> Draft:

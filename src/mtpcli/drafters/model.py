@@ -29,8 +29,8 @@ class ModelDrafter:
     def keep_rows(self, rows: list[int]) -> None:
         self.lm.keep_rows(rows)
 
-    def start(self, row: int, prompt: list[int], hidden=None) -> None:
-        self.lm.set_row(row, prompt[:-1])
+    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
+        self.lm.set_row(row, prompt[:-1], keep)
 
     def propose(self, contexts, caps, sp: SamplingParams, keys) -> Draft:
         B = len(contexts)
@@ -56,3 +56,4 @@ class ModelDrafter:
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         if self._fed:  # the cache holds each row's old context, its pending tokens and fed-1 drafts
             self.lm.truncate(np.array([f + min(self._fed - 1, n) for f, n in zip(self._proposed_from, n_accepted)]))
+        self._fed = 0

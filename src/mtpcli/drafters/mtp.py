@@ -41,7 +41,7 @@ class MtpDrafter:
         return self.head(hidden, mx.array(tokens, dtype=mx.int32).reshape(1, -1), self.embed, self.lm_head,
                          self.cache)
 
-    def start(self, row: int, prompt: list[int], hidden: mx.array | None = None) -> None:
+    def start(self, row: int, prompt: list[int], hidden: mx.array | None = None, keep: bool = False) -> None:
         """`hidden`: the target's states of prompt[:-1]; every pair but the last goes into the cache now."""
         self.cache, self.pending = KVCache(), None
         if hidden is not None and hidden.shape[1]:
@@ -55,7 +55,7 @@ class MtpDrafter:
 
     def propose(self, contexts, caps, sp: SamplingParams, keys) -> Draft:
         if caps[0] == 0 or self.pending is None:
-            return empty(caps)
+            return empty([0] * len(caps) if self.pending is None else caps)  # no pair yet: nothing was asked
         hidden, tokens = self.pending
         self.pending = None
         self._committed = self.cache.offset + hidden.shape[1]  # the entries once the pending pairs are fed

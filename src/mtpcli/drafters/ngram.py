@@ -50,7 +50,7 @@ class NgramDrafter:
     def keep_rows(self, rows: list[int]) -> None:
         self.rows = [self.rows[r] for r in rows]
 
-    def start(self, row: int, prompt: list[int], hidden=None) -> None:
+    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.rows[row] = Index(self.n_min, self.n_max)
 
     def propose(self, contexts, caps, sp, keys) -> Draft:
