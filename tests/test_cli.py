@@ -106,7 +106,7 @@ def test_typical_warning_present_when_on_absent_when_off(gen, tiny_paths):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--top-p", "0"], "top_p"), (["--top-p", "1.5"], "top_p"), (["--temp", "-1"], "temp"),
+    (["--top-p", "0"], "top_p"), (["--top-p", "1.5"], "top_p"), (["--temp", "-1"], "temp"), (["--temp", "inf"], "temp"),
     (["--typical-threshold", "-0.1"], "typical_threshold"), (["--spec-draft-n-min", "5", "--spec-draft-n-max", "3"], "n-min"),
     (["--spec-draft-n-min", "0"], "n_min"), (["--spec-draft-p-min", "1"], "p_min"),
 ])
@@ -191,3 +191,12 @@ def test_ctrl_c_prints_what_was_committed_then_stats_exit_130(tiny_paths):
     err = err.decode()
     assert "Traceback" not in err and "interrupted after" in err and "generated_tokens:" in err
     assert len(got + out) >= 20
+
+
+def test_blas_hint_once_and_never_with_quiet(gen):
+    env = {"MTPCLI_BLAS": "reference"}  # the reference BLAS: mtpcli does not re-run itself with OpenBLAS
+    hint = "slow reference BLAS"
+    assert hint not in gen("-q", "--no-log", env={**env, "MTPCLI_BLAS_HINT": "1"}).stderr.decode()
+    first = gen("--no-log", env={**env, "MTPCLI_BLAS_HINT": "1"}).stderr.decode()
+    second = gen("--no-log", env={**env, "MTPCLI_BLAS_HINT": "1"}).stderr.decode()
+    assert hint in first and hint not in second

@@ -87,10 +87,23 @@ def test_unknown_key_suggests_nearest(udir):
 
 
 def test_wrong_type_and_range(udir):
-    msg = err(udir, 'top_k = "five"\n')
-    assert "top_k" in msg and "'five'" in msg and "int" in msg
+    msg = err(udir, 'description = "x"\ntemp = 0.5\ntop_k = "five"\n')
+    assert "bad.toml:3:" in msg and "top_k" in msg and "'five'" in msg and "int" in msg  # names the line
     msg = err(udir, "top_p = 1.5\n")
     assert "top_p = 1.5" in msg and "(0, 1]" in msg
+
+
+def test_a_profile_saved_with_a_byte_order_mark_loads(udir):
+    (udir / "bom.toml").write_bytes("\ufeff".encode() + b'description = "saved by an editor"\ntemp = 0.5\n')
+    assert profiles.load("bom").values == {"temp": 0.5}
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan"])
+def test_non_finite_floats_are_refused(raw):
+    with pytest.raises(UsageError, match="temp"):
+        profiles.resolve(None, {"temp": float(raw)})
+    with pytest.raises(UsageError, match="MTPCLI_TOP_P"):
+        profiles.resolve(None, {}, env={"MTPCLI_TOP_P": raw})
 
 
 def test_n_min_above_n_max_refused(udir):

@@ -45,11 +45,16 @@ def windowed(tmp_path_factory):
     return models.load(str(path))
 
 
-def test_sliding_window_rollback_past_the_window_stays_greedy_lossless(windowed, tiny):
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_sliding_window_rollback_past_the_window_stays_greedy_lossless(windowed, tiny, bucketed, monkeypatch):
     """Bug 2: a rotating (sliding-window) cache could not be trimmed once it had wrapped, yet the offset was set
     back anyway: rejected drafts stayed in the cache, wrong tokens at T = 0 past the window."""
     from mlx_lm.generate import generate_step
 
+    from mtpcli import cache
+
+    monkeypatch.setattr(cache, "BUCKETED_DEFAULT", bucketed)  # the CUDA layout too
+    monkeypatch.setattr(cache, "STEP", 32)  # several bucket edges within 80 tokens
     prompt = "abcabcab hello"
     ids = list(windowed.tokenizer.encode(prompt))
     reference = []  # mlx-lm's own decoding, with its rotating cache

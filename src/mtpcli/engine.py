@@ -100,11 +100,23 @@ class Cycle:
     t0: float
 
 
-def row_key(req: Request) -> mx.array:
-    key = mx.random.key(req.seed)
-    for _ in range(req.completion + 1):
-        key, sub = mx.random.split(key)
-    return sub
+class KeyChains:
+    """Completion c of seed s draws with the (c+1)-th split of key(s); completions usually come in order, so each
+    seed's chain is continued where it stopped instead of being walked from the start."""
+
+    def __init__(self):
+        self.chains: dict[int, tuple[mx.array, int]] = {}
+
+    def __call__(self, req: Request) -> mx.array:
+        key, done = self.chains.get(req.seed, (mx.random.key(req.seed), 0))
+        if done > req.completion:
+            key, done = mx.random.key(req.seed), 0
+        while True:
+            key, sub = mx.random.split(key)
+            done += 1
+            if done > req.completion:
+                self.chains[req.seed] = (key, done)
+                return sub
 
 
 class Engine:
@@ -122,6 +134,7 @@ class Engine:
         self.cycles, self.wall_s = 0, 0.0
         self.rows: list[Row] = []
         self._t_last = 0.0
+        self._key = KeyChains()
 
     @property
     def stats(self) -> RunStats:
@@ -143,7 +156,8 @@ class Engine:
         try:
             while self.rows or pending:
                 chain = pending is not None and not self.drafter.speculates
-                nxt = self._launch(pending) if chain and self.rows else None
+                going = any(r.generated + 1 < r.req.max_tokens for r in self.rows)  # past the step in flight
+                nxt = self._launch(pending) if chain and going else None
                 if pending is not None:
                     yield from self._complete(pending)
                     self._refill(queue)
@@ -167,7 +181,7 @@ class Engine:
                            "distribution_exact": False}
         run.prefill_s = time.perf_counter() - t0
         self.runs[req.index] = run
-        return Row(req, list(req.prompt), row_key(req), run, t0)
+        return Row(req, list(req.prompt), self._key(req), run, t0)
 
     def _refill(self, queue: deque) -> None:
         for b, row in enumerate(self.rows):
@@ -217,6 +231,8 @@ class Engine:
 
     def _complete(self, c: Cycle) -> Iterator[Event]:
         """ONE host sync, then commit and roll back what the law rejected, and record."""
+        if all(r.done for r in c.rows):  # a plain step launched for rows that finished meanwhile: not awaited
+            return
         tok = c.verdict.token.tolist()
         n_acc, d = (c.verdict.n_accepted.tolist(), c.drafts.tolist()) if c.width else ([0] * len(tok), [[]] * len(tok))
         sums = [x.tolist() for x in c.sums]
