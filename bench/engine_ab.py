@@ -20,11 +20,19 @@ import mtpcli_old.drafters.ngram as old_ngram
 import mtpcli_old.engine as old_engine
 from mtpcli import models, prompts
 from mtpcli.controller import FixedWidth
+from mtpcli.drafters import NoDraft
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.generate import encode_prompt
 from mtpcli.sampling import SamplingParams
+
+
+class Unchained(NoDraft):
+    """Arm "plain-sync": plain steps, each read back before the next is launched (a drafter that "speculates"
+    with width 0 turns the engine's overlap of plain steps off), to see what the overlap is worth here."""
+
+    speculates = True
 
 
 def steady(events) -> tuple[int, float]:
@@ -39,14 +47,15 @@ def steady(events) -> tuple[int, float]:
 
 
 def run(tree: str, arm: str, target, draft, ids: list[list[int]], cfg: DecodeConfig, eos) -> tuple[int, float]:
-    width = 0 if arm == "plain" else 4
+    width = 0 if arm.startswith("plain") else 4
     if tree == "new":
-        drafter = {"plain": None, "model": lambda: ModelDrafter(draft.model), "ngram": lambda: NgramDrafter()}[arm]
+        drafter = {"plain": None, "model": lambda: ModelDrafter(draft.model), "ngram": lambda: NgramDrafter(),
+                   "plain-sync": Unchained}[arm]
         eng = Engine(target.model, drafter and drafter(), FixedWidth(width, batch=len(ids)), eos, cfg,
                      batch_size=len(ids))
         return steady(eng.generate([Request(i, x, cfg.max_tokens, cfg.seed + i) for i, x in enumerate(ids)]))
     if len(ids) == 1:
-        drafter = {"plain": None, "model": lambda: old_model.ModelDrafter(draft.model),
+        drafter = {"plain": None, "plain-sync": None, "model": lambda: old_model.ModelDrafter(draft.model),
                    "ngram": lambda: old_ngram.NgramDrafter()}[arm]
         eng = old_engine.Engine(target.model, drafter and drafter(), FixedWidth(width), eos,
                                 old_engine.DecodeConfig(**vars(cfg)))

@@ -247,8 +247,7 @@ class LM:
         for c in self._kv():
             if c.keys is not None:
                 c.keys, c.values = c.keys[idx], c.values[idx]
-        if lay.write and not lay.valid[:, 0].any():  # the rows that held the leading slots left
-            self.compact()
+        self._tidy()  # the rows that held the leading slots may have left
 
     def _kv(self) -> list[RowKV]:
         return [c for c in self.caches if isinstance(c, RowKV)]
@@ -326,6 +325,7 @@ class LM:
                 c.keys[row : row + 1, :, W - L : W, :] = k
                 c.values[row : row + 1, :, W - L : W, :] = v
         mx.eval([c.state for c in self._kv()])
+        self._tidy()  # plain steps never truncate: refills are where a long batch gets compacted
         return hidden
 
     # ---- decoding ---------------------------------------------------------------------------------------------
@@ -369,9 +369,7 @@ class LM:
         self.require_rollback()
         if "state" not in self.kinds:
             self.layout.truncate(keep)
-            if self.layout.write <= 2 * int(self.layout.pos.max(initial=0)) + 64 or self.layout.dense:
-                return
-            return self.compact()
+            return self._tidy()
         if self._snap is None:
             raise ModelError(f"the {self.role} cannot roll back: no snapshot before the speculative tokens")
         at, states = self._snap
@@ -385,6 +383,12 @@ class LM:
         if replay.shape[1]:
             self._run(replay, None, "none")
             self.replayed_tokens += replay.shape[1]
+
+    def _tidy(self) -> None:
+        """Compact once holes take more than half of the slots, or no row holds the first slot any more."""
+        lay = self.layout
+        if not lay.dense and lay.write and (lay.write > 2 * int(lay.pos.max()) + 64 or not lay.valid[:, 0].any()):
+            self.compact()
 
     def compact(self) -> None:
         """Squeeze the holes out (rows right-aligned)."""

@@ -46,15 +46,17 @@ def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | N
     """The configured acceptance law on one verify pass (B rows). For the typical law also, per row, the entropy and
     the floor summed over the positions its test reached (for the statistics); [] for the other laws."""
     sp = cfg.sampling
+    if all(n == drafts.shape[1] for n in lengths):
+        lengths = None  # every row drafted the full width: no padding to mask
     if cfg.law == "greedy":
         if drafts.shape[1] == 0:  # a plain step: the argmax, in as few device operations as mlx-lm's loop
-            return verify.Verdict(mx.zeros(len(lengths), mx.int32), mx.argmax(logits[:, -1], axis=-1)), []
+            return verify.Verdict(mx.zeros(len(keys), mx.int32), mx.argmax(logits[:, -1], axis=-1)), []
         return verify.greedy(logits, drafts, lengths), []
     if cfg.law == "exact":
         return verify.exact(probs(logits, sp), q, drafts, keys, lengths), []
     v = verify.typical(probs(logits, sp), drafts, keys, cfg.typical_threshold, cfg.typical_eps, lengths)
     pos = mx.arange(drafts.shape[1])[None]
-    reached = (pos <= v.n_accepted[:, None]) & (pos < mx.array(lengths)[:, None])
+    reached = (pos <= v.n_accepted[:, None]) & (pos < (drafts.shape[1] if lengths is None else mx.array(lengths)[:, None]))
     k = drafts.shape[1]
     return v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)]
 
@@ -270,7 +272,8 @@ class Engine:
         r.done = stop is not None or r.generated >= r.req.max_tokens
         if r.done:
             run.peak_memory_bytes = mx.get_peak_memory()
-            run.controller_estimate = self.controller.estimate(b)
+            # (b indexes the controller's members only when cycles are not chained, i.e. when drafting)
+            run.controller_estimate = self.controller.estimate(b) if self.drafter.speculates else None
         if stop is not None:
             yield Event(r.req.index, new[:stop], "stop")
         elif r.done:
