@@ -140,3 +140,20 @@ def test_batch_totals_sum_prompt_tokens_and_a_failing_batch_on_a_recurrent_targe
     r = cli("generate", "-m", hyb, "--prompts-jsonl", bad, "--format", "jsonl", "--no-chat", "-q")
     assert r.returncode == 1, r.stderr.decode()
     assert [("error" in json.loads(x)) for x in r.stdout.decode().splitlines()] == [True, True]
+
+
+def test_sliding_window_speculation_is_exact_at_t1(windowed, tiny):
+    """The masked (not rotated) window at T = 1, past the window, in a ragged batch: the first and second tokens
+    fit the target's own distribution (the model run whole, mlx-lm's window mask); a wrong temperature does not."""
+    sp = SamplingParams(temp=1.0)
+    prompt = "the sea is the sea is the sea"  # 29 tokens: the window of 16 binds from the first token
+    ids = list(windowed.tokenizer.encode(prompt))
+    p1, p2 = target_marginals(windowed, ids, sp)
+    outs, eng = collect(windowed, ModelDrafter(tiny[1].model), FixedWidth(3), (), prompt, n=N, max_tokens=3,
+                        sampling=sp, batch_size=250)
+    arr = np.array([o[:2] for o in outs])
+    c1, c2 = np.bincount(arr[:, 0], minlength=len(p1)), np.bincount(arr[:, 1], minlength=len(p1))
+    assert 0 < eng.stats.accepted < eng.stats.drafted
+    assert fits(c1, p1) and fits(c2, p2)
+    q1, _ = target_marginals(windowed, ids, SamplingParams(temp=0.6))
+    assert not fits(c1, q1)  # negative control: the test tells distributions apart

@@ -187,8 +187,9 @@ class LM:
     def __init__(self, model, role: str = "model", prefill_step: int = 512, hidden: bool = False,
                  bucketed: bool | None = None):
         self.model, self.role, self.prefill_step = model, role, prefill_step
-        self.kinds = [layer_kind(c) for c in make_prompt_cache(model)]
-        self.windows = [c.max_size if layer_kind(c) == "window" else None for c in make_prompt_cache(model)]
+        native = make_prompt_cache(model)
+        self.kinds = [layer_kind(c) for c in native]
+        self.windows = [c.max_size if k == "window" else None for k, c in zip(self.kinds, native)]
         self.bucketed = use_bucketed(bucketed) and "native" not in self.kinds
         self.parts = split_model(model)
         if hidden and self.parts is None:

@@ -213,13 +213,13 @@ class Engine:
         draft = empty(caps)
         if max(caps) > 0:
             draft = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits])
-        last = mx.array([c[-1] for c in contexts], dtype=mx.int32)
-        if prev is not None:
-            at = {id(r): i for i, r in enumerate(prev.rows)}
-            idx = [at.get(id(r), -1) for r in rows]
-            if idx == list(range(len(prev.rows))):  # the same rows: the previous tokens as they are
-                last = prev.verdict.token.astype(mx.int32)
-            else:
+        at = {} if prev is None else {id(r): i for i, r in enumerate(prev.rows)}
+        idx = [at.get(id(r), -1) for r in rows]
+        if prev is not None and idx == list(range(len(prev.rows))):  # the same rows: their tokens as they are
+            last = prev.verdict.token.astype(mx.int32)
+        else:
+            last = mx.array([c[-1] for c in contexts], dtype=mx.int32)
+            if at:  # rows still in flight start from their device tokens, new rows from their prompts
                 token = prev.verdict.token[mx.array([max(i, 0) for i in idx], dtype=mx.int32)]
                 last = mx.where(mx.array([i >= 0 for i in idx]), token, last).astype(mx.int32)
         if draft.k:
