@@ -96,10 +96,10 @@ N = 2500
 def target_marginals(target, ids, sp):
     """Exact distribution of the first and second generated tokens under the target alone."""
     model = target.model
-    p1 = np.array(probs(model(mx.array([ids]))[0, -1], sp))
+    p1 = np.array(probs(model(mx.array([ids]))[0, -1], sp, full=True))
     p2 = np.zeros_like(p1)
     for x1 in np.nonzero(p1)[0]:
-        p2 += p1[x1] * np.array(probs(model(mx.array([ids + [int(x1)]]))[0, -1], sp))
+        p2 += p1[x1] * np.array(probs(model(mx.array([ids + [int(x1)]]))[0, -1], sp, full=True))
     return p1, p2
 
 

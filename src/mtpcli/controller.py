@@ -1,7 +1,8 @@
 """Draft width policies. Pure: no model, no arrays; they see only drafted/accepted counts.
 
-Both policies share one batch API: `width()` returns ONE width for the whole batch this cycle, and
-`update(drafted, accepted)` takes, for every member, the number of tokens it REALLY drafted (after a
+Every policy shares one batch API: `plan(contexts)` returns (source, width), ONE width for the whole batch this
+cycle (source None: the engine's one drafter; policy.AutoPolicy also names the source), and
+`update(drafted, accepted, seconds, source)` takes, for every member, the number of tokens it REALLY drafted (after a
 confidence floor may have cut the draft short) and how many of those the target accepted.
 """
 
@@ -16,8 +17,15 @@ def _round(x: float) -> int:
     return math.floor(x + 0.5)  # half up, not Python's banker's rounding
 
 
+class WidthPolicy:
+    """One source, a width per cycle."""
+
+    def plan(self, contexts=None) -> tuple[str | None, int]:
+        return None, self.width()
+
+
 @dataclass
-class FixedWidth:
+class FixedWidth(WidthPolicy):
     """Every draft is `n` tokens wide."""
 
     n: int
@@ -36,7 +44,8 @@ class FixedWidth:
     def width(self) -> int:
         return self.n
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None) -> None:
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
+               source: str | None = None) -> None:
         for member, n in enumerate(drafted):
             self.history[member].append(n)
 
@@ -45,7 +54,7 @@ class FixedWidth:
 
 
 @dataclass
-class EmaController:
+class EmaController(WidthPolicy):
     """Censoring-aware EMA of accepted tokens per draft, one estimate per sequence.
 
     After a verify with `a` accepted of the `n` actually drafted:
@@ -88,7 +97,8 @@ class EmaController:
     def width(self) -> int:
         return max(self.member_width(m) for m in range(self.batch))
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None) -> None:
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
+               source: str | None = None) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             if n <= 0:
@@ -105,7 +115,7 @@ class EmaController:
 
 
 @dataclass
-class CostAwareController:
+class CostAwareController(WidthPolicy):
     """Width that maximises expected committed tokens per second of measured cycle time.
 
     Per sequence it keeps a conditional acceptance estimate for every draft position (a Beta-style mean:
@@ -166,7 +176,8 @@ class CostAwareController:
             return sum(self.expected_tokens(k, m) for m in range(self.batch)) / self.cycle_time(k)
         return max(range(self.n_min, self.n_max + 1), key=score)
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None) -> None:
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
+               source: str | None = None) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             acc, reached = self.counts[member]

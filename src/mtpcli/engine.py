@@ -1,6 +1,6 @@
 """The decode engine: requests in, events out; one prompt is a batch of one row.
 
-Each cycle: plan ONE width for the batch (controller), propose (drafter), one target pass over every row, one
+Each cycle: plan ONE source and width for the batch (controller), propose (drafter), one target pass over every row, one
 acceptance law, one host sync, commit, roll back. Rows that finish are refilled from the queue; when it is empty
 they leave the batch. A row draws only with its own keys (the same schedule whatever its neighbours), so at a
 fixed width a row gives exactly the tokens it gives alone. Plain steps (width 0) are launched before the previous
@@ -21,7 +21,7 @@ from . import verify
 from .cache import LM
 from .controller import FixedWidth, keep_members
 from .drafters import NoDraft, empty
-from .sampling import SamplingParams, probs
+from .sampling import SamplingParams, shaped
 from .stats import RunStats
 
 
@@ -42,23 +42,27 @@ class DecodeConfig:
 
 
 def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | None, keys: list,
-          lengths: list[int]) -> tuple[verify.Verdict, list[mx.array]]:
+          lengths: list[int], full: bool = False) -> tuple[verify.Verdict, list[mx.array], mx.array | None]:
     """The configured acceptance law on one verify pass (B rows). For the typical law also, per row, the entropy and
-    the floor summed over the positions its test reached (for the statistics); [] for the other laws."""
+    the floor summed over the positions its test reached (for the statistics); [] for the other laws. Last, whether
+    the target's p was found by the partial selection (sampling.shaped): where it was not, the caller judges again
+    with full=True, with the same keys (so the same draws), before using the verdict."""
     sp = cfg.sampling
     if all(n == drafts.shape[1] for n in lengths):
         lengths = None  # every row drafted the full width: no padding to mask
     if cfg.law == "greedy":
         if drafts.shape[1] == 0:  # a plain step: the argmax, in as few device operations as mlx-lm's loop
-            return verify.Verdict(mx.zeros(len(keys), mx.int32), mx.argmax(logits[:, -1], axis=-1)), []
-        return verify.greedy(logits, drafts, lengths), []
+            return verify.Verdict(mx.zeros(len(keys), mx.int32), mx.argmax(logits[:, -1], axis=-1)), [], None
+        return verify.greedy(logits, drafts, lengths), [], None
+    p, complete = shaped(logits, sp, full)
+    complete = None if complete is None else complete.all()
     if cfg.law == "exact":
-        return verify.exact(probs(logits, sp), q, drafts, keys, lengths), []
-    v = verify.typical(probs(logits, sp), drafts, keys, cfg.typical_threshold, cfg.typical_eps, lengths)
+        return verify.exact(p, q, drafts, keys, lengths), [], complete
+    v = verify.typical(p, drafts, keys, cfg.typical_threshold, cfg.typical_eps, lengths)
     pos = mx.arange(drafts.shape[1])[None]
     reached = (pos <= v.n_accepted[:, None]) & (pos < (drafts.shape[1] if lengths is None else mx.array(lengths)[:, None]))
     k = drafts.shape[1]
-    return v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)]
+    return v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)], complete
 
 
 @dataclass
@@ -100,6 +104,11 @@ class Cycle:
     sums: list[mx.array]
     before: np.ndarray
     t0: float
+    source: str | None = None  # the source that drafted (None: a plain step)
+    complete: mx.array | None = None  # False: judge again with the full sort (`redo`)
+    redo: tuple = ()  # what judging again needs: logits, q, keys
+    keys: list = field(default_factory=list)  # the rows' keys before this cycle split them
+    redone: bool = False
 
 
 class KeyChains:
@@ -162,6 +171,9 @@ class Engine:
                 nxt = self._launch(pending) if chain and going else None
                 if pending is not None:
                     yield from self._complete(pending)
+                    if nxt is not None and pending.redone:  # nxt started from a token the redo replaced
+                        self._discard(nxt)
+                        nxt = self._launch(None)
                     self._refill(queue)
                     self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 pending = nxt if chain else (self._launch(None) if self.rows else None)
@@ -196,23 +208,28 @@ class Engine:
                 part.keep_rows(live)
             keep_members(self.controller, live)
 
-    def _width(self) -> int:
-        return self.controller.width() if self.drafter.speculates else 0
+    def _plan(self, contexts: list[list[int]]) -> tuple[str | None, int]:
+        """(source, width): the source is the drafter's own unless the controller chooses among several."""
+        if not self.drafter.speculates:
+            return None, 0
+        source, width = self.controller.plan(contexts)
+        return (source or self.drafter.name) if width else None, width
 
     def _launch(self, prev: Cycle | None) -> Cycle:
         """Plan, propose and launch one target pass. With `prev` (a plain step still on the device), rows it
         holds start from its tokens on the device, without waiting for them."""
         t0 = time.perf_counter()
         cfg, rows = self.cfg, self.rows
+        keys_before = [r.key for r in rows]
         splits = [(None,) * 3 if cfg.sampling.greedy else mx.random.split(r.key, 3) for r in rows]
         for r, s in zip(rows, splits):
             r.key = s[0]  # (greedy decoding draws nothing: no keys)
-        width = self._width()
-        caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
+        source, width = self._plan(contexts)
+        caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
         draft = empty(caps)
         if max(caps) > 0:
-            draft = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits])
+            draft = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits], source=source)
         at = {} if prev is None else {id(r): i for i, r in enumerate(prev.rows)}
         idx = [at.get(id(r), -1) for r in rows]
         if prev is not None and idx == list(range(len(prev.rows))):  # the same rows: their tokens as they are
@@ -227,14 +244,29 @@ class Engine:
         before = self.target.pos.copy()
         block = mx.concatenate([last[:, None], draft.tokens], axis=1) if draft.k else last[:, None]
         logits = self.target.forward(block)  # (B, k+1, V)
-        v, sums = judge(cfg, logits, draft.tokens, draft.q, [s[2] for s in splits], draft.lengths)
-        mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums)
-        return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0)
+        keys = [s[2] for s in splits]
+        # a chained plain step that a redo replaces is undone (`_discard`); a recurrent target cannot undo one
+        full = self.target.one_row and not self.drafter.speculates
+        v, sums, complete = judge(cfg, logits, draft.tokens, draft.q, keys, draft.lengths, full)
+        mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]))
+        return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
+                     source if draft.k else None, complete, (logits, draft.q, keys) if complete is not None else (),
+                     keys_before)
+
+    def _discard(self, c: Cycle) -> None:
+        """Undo a launched plain step that was not read: its cache entries and its keys."""
+        self.target.truncate(c.before)
+        for r, key in zip(c.rows, c.keys):
+            r.key = key
 
     def _complete(self, c: Cycle) -> Iterator[Event]:
         """ONE host sync, then commit and roll back what the law rejected, and record."""
         if all(r.done for r in c.rows):  # a plain step launched for rows that finished meanwhile: not awaited
             return
+        if c.complete is not None and not c.complete.item():  # rare: a nucleus past the partial selection
+            logits, q, keys = c.redo
+            c.verdict, c.sums, _ = judge(self.cfg, logits, c.drafts, q, keys, c.lengths, full=True)
+            c.redone = True
         tok = c.verdict.token.tolist()
         n_acc, d = (c.verdict.n_accepted.tolist(), c.drafts.tolist()) if c.width else ([0] * len(tok), [[]] * len(tok))
         sums = [x.tolist() for x in c.sums]
@@ -249,21 +281,20 @@ class Engine:
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
-            self.controller.update(c.lengths, n_acc, seconds=seconds)
+            self.controller.update(c.lengths, n_acc, seconds=seconds, source=c.source)
         self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped
-                yield from self._record(b, r, c.lengths[b], c.requested[b], n_acc[b], news[b], seconds,
+                yield from self._record(b, r, c.source, c.lengths[b], c.requested[b], n_acc[b], news[b], seconds,
                                         [x[b] for x in sums], now)
 
-    def _record(self, b: int, r: Row, k: int, requested: int, n: int, new: list[int], seconds: float,
-                typical: list, now: float) -> Iterator[Event]:
+    def _record(self, b: int, r: Row, source: str | None, k: int, requested: int, n: int, new: list[int],
+                seconds: float, typical: list, now: float) -> Iterator[Event]:
         stop = next((i for i, t in enumerate(new) if t in self.eos), None)
         counted = new if stop is None else new[: stop + 1]  # nothing after an EOS counts
         run = r.run
         run.floor_cut += k < requested
-        run.record_cycle(k, min(n, len(counted)), len(counted))
-        run.decode_s += seconds
+        run.record_cycle(k, min(n, len(counted)), len(counted), source, seconds)
         if typical:
             run.record_typical(min(n + 1, k), n, n < k, *typical)
         if run.ttft_s is None:

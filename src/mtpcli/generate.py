@@ -26,6 +26,7 @@ from .sampling import SamplingParams
 from .stats import RunStats, render
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
+AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
 
 
 def err(msg: str) -> None:
@@ -63,12 +64,21 @@ def build_controller(s: Settings, batch: int = 1):
     return FixedWidth(v["num_draft_tokens"], batch=batch)
 
 
+def auto_sources(s: Settings, target: models.Loaded) -> list[str]:
+    """Every source this run has: n-gram lookup always, the draft model when one is given, the MTP heads when the
+    checkpoint has them."""
+    return ["ngram"] + (["model"] if s.values["draft_model"] else []) + (["mtp"] if models.has_mtp(target) else [])
+
+
 def settle_draft(s: Settings, target: models.Loaded) -> None:
-    """The ONE place draft = auto is settled: the draft model when one is given, else the checkpoint's MTP heads
-    if it has them, else n-gram lookup."""
+    """The ONE place draft = auto is settled. It stays the policy over every source (each cycle one source and
+    a width 0..n_max) unless the width is pinned (num_draft_tokens set by a flag, the environment or a profile) or
+    adaptive: then one source, the draft model when one is given, else the MTP heads, else n-gram lookup."""
     v = s.values
-    if v["draft"] == "auto":
+    if v["draft"] == "auto" and (v["adaptive"] or s.origins.get("num_draft_tokens", "default") != "default"):
         v["draft"] = "model" if v["draft_model"] else "mtp" if models.has_mtp(target) else "ngram"
+    if v["draft"] == "auto" and s.origins.get("n_max", "default") == "default":
+        v["n_max"] = AUTO_N_MAX
     if v["draft"] == "model" and not v["draft_model"]:
         raise UsageError("--draft model needs --draft-model PATH_OR_ID")
 
@@ -77,7 +87,7 @@ def load_models(s: Settings) -> tuple[models.Loaded, models.Loaded | None]:
     target = models.load(s.values["model"], "target model")
     settle_draft(s, target)
     draft = None
-    if s.values["draft"] == "model":
+    if s.values["draft"] == "model" or (s.values["draft"] == "auto" and s.values["draft_model"]):
         draft = models.load(s.values["draft_model"], "draft model")
         models.check_pair(target, draft)
     return target, draft
@@ -89,20 +99,92 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
     from .drafters.mtp import MtpDrafter
     from .drafters.ngram import NgramDrafter
 
+    from .drafters.auto import AutoDrafter
+
     v = s.values
-    kind = v["draft"]
-    if kind == "none":
-        drafter = NoDraft()
-    elif kind == "ngram":
-        drafter = NgramDrafter(v["ngram_min"], v["ngram_max"])
-    elif kind == "mtp":
-        drafter = MtpDrafter(models.mtp_head(target), target.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
+
+    def source(kind):
+        if kind == "none":
+            return NoDraft()
+        if kind == "ngram":
+            return NgramDrafter(v["ngram_min"], v["ngram_max"])
+        if kind == "mtp":
+            return MtpDrafter(models.mtp_head(target), target.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
+        return ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
+
+    if v["draft"] == "auto":
+        drafter = AutoDrafter({k: source(k) for k in auto_sources(s, target)})
+        controller = auto_policy(s, target, draft, drafter, batch_size)
     else:
-        drafter = ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
-    engine = Engine(target.model, drafter, build_controller(s), target.tokenizer.eos_token_ids, decode_config(s),
-                    batch_size)
+        drafter, controller = source(v["draft"]), build_controller(s)
+    engine = Engine(target.model, drafter, controller, target.tokenizer.eos_token_ids, decode_config(s), batch_size)
     engine.controller.batch = engine.batch_size
     return engine
+
+
+def _params(model) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(x.size for _, x in tree_flatten(model.parameters()))
+
+
+def costs_key(s: Settings, batch_size: int) -> str:
+    """Cycle costs are kept per target, draft model, machine, sampling (greedy or not) and batch size bucket."""
+    import platform
+
+    import mlx.core as mx
+
+    v = s.values
+    info = mx.device_info()
+    bucket = 1 << (max(batch_size, 1).bit_length() - 1)
+    return "|".join([str(v["model"]), str(v["draft_model"] or "-"), platform.node(), str(mx.default_device()),
+                     str(info.get("device_name", "")), "greedy" if v["temp"] == 0 else "sampled", f"B{bucket}"])
+
+
+def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None, drafter, batch_size: int):
+    """The policy of draft = auto, with this machine's stored cycle costs (or the prior from the models' sizes)."""
+    import mlx.core as mx
+
+    from . import runlog
+    from .policy import AutoPolicy, Costs, prior_costs
+
+    names = list(drafter.sources)
+    ratio = {}
+    if "model" in names:
+        ratio["model"] = _params(draft.model) / _params(target.model)
+    if "mtp" in names:
+        ratio["mtp"] = _params(models.mtp_head(target)) / _params(target.model)
+    prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
+    key = costs_key(s, batch_size)
+    stored = runlog.load_costs(key)
+    costs = prior
+    if stored is not None:
+        try:
+            costs = Costs.from_dict(stored)
+            costs.per_token = {n: costs.per_token.get(n, prior.per_token[n] * costs.plain) for n in names}
+        except (KeyError, TypeError, ValueError):
+            costs = prior
+    policy = AutoPolicy(names, s.values["n_max"], costs, drafter.available, prior=prior)
+    policy.key, policy.warm = key, costs is not prior
+    return policy
+
+
+def remember_costs(engine: Engine, log: bool = True) -> dict[str, Any] | None:
+    """After a run under draft = auto: keep what it measured for the next run (see policy.Costs.settled)."""
+    from . import runlog
+    from .policy import AutoPolicy
+
+    policy = engine.controller
+    if not isinstance(policy, AutoPolicy):
+        return None
+    measured = policy.fit.result()
+    info = {"sources": policy.sources, "costs": policy.costs.to_dict(), "warm": policy.warm,
+            "measured": measured.to_dict() if measured else None}
+    if measured is not None and log:
+        kept = policy.costs.settled(measured) if policy.warm else measured
+        if kept is not policy.costs:
+            runlog.save_costs(policy.key, kept.to_dict())
+    return info
 
 
 def default_batch_size(config: dict, n: int, tokens_per_row: int) -> int:
@@ -288,6 +370,9 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     total = RunStats.total([c.stats for c in completions if c.stats])
     failed = sum(1 for c in completions if c.item.error)
     record = {**total.to_dict(), "settings": settings_record(s, law)}
+    auto = remember_costs(engine, log)
+    if auto:
+        record["auto"] = auto
     if not single or n > 1:
         record["batch"] = {"prompts": len(items), "failed": failed, "batch_size": engine.batch_size,
                            "cycles": engine.cycles, "tokens": total.generated_tokens, "wall_s": wall,

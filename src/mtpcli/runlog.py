@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ CREATE TABLE IF NOT EXISTS runs (
   settings TEXT NOT NULL,
   stats TEXT NOT NULL,
   status INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS costs (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL,
+  time REAL NOT NULL
 )"""
 
 
@@ -51,7 +57,7 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
         con.execute("PRAGMA busy_timeout = 30000")
         if create:
             con.execute("PRAGMA journal_mode = WAL")
-            con.execute(SCHEMA)
+            con.executescript(SCHEMA)
         con.execute("SELECT count(*) FROM runs").fetchone()
     except sqlite3.DatabaseError as e:
         raise UsageError(f"run log {path} is unreadable ({e}); left untouched") from None
@@ -142,3 +148,39 @@ def clear(path: Path | None = None) -> int:
             return con.execute("DELETE FROM runs").rowcount
     finally:
         con.close()
+
+
+# ---- cycle costs of draft = auto, per model, draft model, machine (policy.Costs) ------------------------------
+
+def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
+    """The stored costs, or None (none yet, logging off, or an unreadable log: then the prior is used)."""
+    path = path or log_path()
+    if disabled() or not path.is_file():
+        return None
+    try:
+        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        try:
+            row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
+        finally:
+            con.close()
+        return json.loads(row[0]) if row else None
+    except (sqlite3.Error, ValueError):
+        return None  # an old log without the table, or a damaged one: left untouched
+
+
+def save_costs(key: str, value: dict[str, Any], path: Path | None = None) -> None:
+    global _warned
+    if disabled():
+        return
+    try:
+        con = _connect(path or log_path(), create=True)
+        try:
+            with con:
+                con.execute("INSERT INTO costs (key, value, time) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                            "value = excluded.value, time = excluded.time", (key, json.dumps(value), time.time()))
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error, UsageError) as e:
+        if not _warned:
+            print(f"mtpcli: warning: cycle costs not kept ({log_path()}): {e}", file=sys.stderr)
+            _warned = True

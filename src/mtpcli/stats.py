@@ -8,6 +8,62 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 SPARK = "▁▂▃▄▅▆▇█"
+PLAIN = "plain"  # the name of width-0 cycles (plain decoding steps) in per-source statistics
+
+
+@dataclass
+class SourceStats:
+    """One draft source's share of a run (or the plain steps')."""
+
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    seconds: float = 0.0
+    reached: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int, committed: int, seconds: float) -> None:
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.committed += committed
+        self.seconds += seconds
+        _count_positions(self.reached, self.accepted_at, drafted, accepted)
+
+    def merge(self, other: "SourceStats") -> "SourceStats":
+        n = max(len(self.reached), len(other.reached))
+        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        return SourceStats(self.cycles + other.cycles, self.drafted + other.drafted, self.accepted + other.accepted,
+                           self.committed + other.committed, self.seconds + other.seconds,
+                           [a + b for a, b in zip(pad(self.reached), pad(other.reached))],
+                           [a + b for a, b in zip(pad(self.accepted_at), pad(other.accepted_at))])
+
+    def to_dict(self, total_s: float) -> dict[str, Any]:
+        return {"cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
+                "committed": self.committed, "seconds": self.seconds,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+                "tokens_per_cycle": self.committed / self.cycles if self.cycles else 0.0,
+                "accept_by_position": [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],
+                "reached_by_position": list(self.reached),
+                "time_share": self.seconds / total_s if total_s > 0 else 0.0}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SourceStats":
+        reached = list(d.get("reached_by_position", []))
+        return cls(d.get("cycles", 0), d.get("drafted", 0), d.get("accepted", 0), d.get("committed", 0),
+                   d.get("seconds", 0.0), reached,
+                   [round(a * r) for a, r in zip(d.get("accept_by_position", []), reached)])
+
+
+def _count_positions(reached: list[int], accepted_at: list[int], drafted: int, accepted: int) -> None:
+    while len(reached) < drafted:
+        reached.append(0)
+        accepted_at.append(0)
+    for i in range(drafted):
+        reached[i] += 1
+        if i < accepted:
+            accepted_at[i] += 1
 
 
 @dataclass
@@ -32,20 +88,21 @@ class RunStats:
     controller_estimate: float | None = None
     typical: dict[str, Any] | None = None
     shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
+    sources: dict[str, SourceStats] = field(default_factory=dict)  # per draft source, and "plain" (width 0)
+    source_trace: list[str] = field(default_factory=list)
     _typical_sums: dict[str, float] = field(default_factory=lambda: Counter())
 
-    def record_cycle(self, drafted: int, accepted: int, committed: int) -> None:
+    def record_cycle(self, drafted: int, accepted: int, committed: int, source: str | None = None,
+                     seconds: float = 0.0) -> None:
         self.cycles += 1
         self.drafted += drafted
         self.accepted += accepted
         self.generated_tokens += committed
-        while len(self.reached) < drafted:
-            self.reached.append(0)
-            self.accepted_at.append(0)
-        for i in range(drafted):
-            self.reached[i] += 1
-            if i < accepted:
-                self.accepted_at[i] += 1
+        self.decode_s += seconds
+        _count_positions(self.reached, self.accepted_at, drafted, accepted)
+        name = source if drafted and source else PLAIN
+        self.sources.setdefault(name, SourceStats()).record(drafted, accepted, committed, seconds)
+        self.source_trace.append(name)
         self.accept_lengths[accepted] += 1
         self.draft_widths[drafted] += 1
         self.width_trace.append(drafted)
@@ -76,6 +133,10 @@ class RunStats:
         out.draft_widths = self.draft_widths + other.draft_widths
         out.width_trace = self.width_trace + other.width_trace
         out.tpc_trace = self.tpc_trace + other.tpc_trace
+        out.source_trace = self.source_trace + other.source_trace
+        out.sources = dict(self.sources)
+        for name, st in other.sources.items():
+            out.sources[name] = out.sources[name].merge(st) if name in out.sources else st
         ttfts = [t for t in (self.ttft_s, other.ttft_s) if t is not None]
         out.ttft_s = min(ttfts) if ttfts else None
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
@@ -147,6 +208,9 @@ class RunStats:
             "controller_estimate": self.controller_estimate,
             "width_trace": self.width_trace,
             "tokens_per_cycle_trace": self.tpc_trace,
+            "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
+            "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,
+            "source_trace": self.source_trace,
         }
         if self.typical is not None:
             d["typical_acceptance"] = self.typical_summary()
@@ -168,6 +232,8 @@ class RunStats:
         s.accepted_at = [round(r * n) for r, n in zip(d.get("accept_by_position", []), s.reached)]
         s.width_trace = list(d.get("width_trace", []))
         s.tpc_trace = list(d.get("tokens_per_cycle_trace", []))
+        s.source_trace = list(d.get("source_trace", []))
+        s.sources = {name: SourceStats.from_dict(x) for name, x in (d.get("sources") or {}).items()}
         s.decode_s = s.generated_tokens / d["decode_tps"] if d.get("decode_tps") else 0.0
         s.prefill_tokens = s.prompt_tokens
         s.prefill_s = s.prompt_tokens / d["prefill_tps"] if d.get("prefill_tps") else 0.0
@@ -224,6 +290,16 @@ def summary_rows(s: RunStats) -> list[tuple[str, str]]:
         rows.append(("controller_estimate", f"{s.controller_estimate:.2f}"))
     if s.floor_cut:
         rows.append(("floor_cut_drafts", str(s.floor_cut)))
+    if len(s.sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
+        for name, st in sorted(s.sources.items(), key=lambda kv: (kv[0] == PLAIN, kv[0])):
+            d = st.to_dict(s.decode_s)
+            if name == PLAIN:
+                rows.append(("plain_steps", f"{st.cycles} cycles, {d['time_share']:.0%} of decode time"))
+                continue
+            by_pos = " ".join(f"{x:.2f}" for x in d["accept_by_position"])
+            rows.append((f"source {name}", f"{st.cycles} cycles, drafted {st.drafted}, accepted {st.accepted} "
+                         f"({d['acceptance_rate']:.2f}; by position {by_pos}), {d['tokens_per_cycle']:.2f} tokens/cycle, "
+                         f"{d['time_share']:.0%} of decode time"))
     return rows
 
 

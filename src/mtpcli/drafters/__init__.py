@@ -3,7 +3,8 @@
     add_rows(n) / keep_rows(rows)            the batch grows, or keeps these rows in this order
     start(row, prompt, hidden, keep)          a row begins a prompt (hidden: the target's prompt states;
                                               keep: the next row to start has the same prompt, -n)
-    propose(contexts, caps, sp, keys) -> Draft    up to caps[b] tokens per row, row b drawing with keys[b]
+    propose(contexts, caps, sp, keys, source) -> Draft    up to caps[b] tokens per row, row b drawing with
+                                              keys[b] (source: which of several sources drafts, auto only)
     commit(contexts, n_accepted, hidden)      contexts already hold the committed tokens
 
 `max_rows` (None: any) caps the batch; `needs_hidden` asks the engine for the target's hidden states;
@@ -90,7 +91,7 @@ class NoDraft:
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         pass
 
-    def propose(self, contexts, caps, sp, keys) -> Draft:
+    def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         return empty(caps)
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:

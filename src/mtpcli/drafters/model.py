@@ -32,7 +32,7 @@ class ModelDrafter:
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.lm.set_row(row, prompt[:-1], keep)
 
-    def propose(self, contexts, caps, sp: SamplingParams, keys) -> Draft:
+    def propose(self, contexts, caps, sp: SamplingParams, keys, source=None) -> Draft:
         B = len(contexts)
         self._proposed_from, self._fed = [len(c) for c in contexts], 0
         if max(caps) == 0:

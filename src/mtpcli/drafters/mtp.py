@@ -53,7 +53,7 @@ class MtpDrafter:
             self.pending = (hidden[:, n - 1 :], prompt[n : n + 1])
         self._committed = self.cache.offset
 
-    def propose(self, contexts, caps, sp: SamplingParams, keys) -> Draft:
+    def propose(self, contexts, caps, sp: SamplingParams, keys, source=None) -> Draft:
         if caps[0] == 0 or self.pending is None:
             return empty([0] * len(caps) if self.pending is None else caps)  # no pair yet: nothing was asked
         hidden, tokens = self.pending

@@ -53,7 +53,11 @@ class NgramDrafter:
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.rows[row] = Index(self.n_min, self.n_max)
 
-    def propose(self, contexts, caps, sp, keys) -> Draft:
+    def available(self, contexts, k: int) -> list[int]:
+        """How many tokens each row would get at width k (what `auto` weighs before choosing)."""
+        return [len(ix.lookup(c, k)) for ix, c in zip(self.rows, contexts)]
+
+    def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         found = [ix.lookup(c, k) if k > 0 else [] for ix, c, k in zip(self.rows, contexts, caps)]
         k = max(len(f) for f in found)
         tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)

@@ -1,0 +1,207 @@
+"""draft = auto: the policy alone (pure), then the engine with two sources on tiny models (greedy identity,
+chi-square exactness at T = 1 and T = 0.7 with top-k/top-p, a negative control), statistics per source."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtpcli import engine as engine_mod
+from mtpcli import sampling
+from mtpcli.controller import keep_members
+from mtpcli.drafters import Draft
+from mtpcli.drafters.auto import AutoDrafter
+from mtpcli.drafters.model import ModelDrafter
+from mtpcli.drafters.ngram import NgramDrafter
+from mtpcli.engine import DecodeConfig, Engine, Request
+from mtpcli.policy import DECAY, AutoPolicy, CostFit, Costs, prior_costs
+from mtpcli.sampling import SamplingParams
+from stattools import fits
+from test_engine import N, PROMPTS, target_marginals
+
+# ---- the policy, without a model ------------------------------------------------------------------------------
+
+
+def policy(costs=None, avail=None, batch=1, n_max=6):
+    costs = costs or Costs(1.0, {"ngram": 0.05, "model": 0.3})
+    return AutoPolicy(["ngram", "model"], n_max, costs, avail or (lambda s, c, k: None), batch=batch)
+
+
+def test_a_plain_step_when_no_source_pays():
+    p = policy(avail=lambda s, c, k: [0] * len(c) if s == "ngram" else None)  # no n-gram match
+    for _ in range(20):
+        p.update([2], [0], source="model")  # the draft model is always rejected
+    assert p.plan([[1, 2, 3]]) == (None, 0)
+
+
+def test_ngram_is_chosen_up_to_its_match_and_never_without_one():
+    match = {"n": 3}
+    p = policy(avail=lambda s, c, k: [min(k, match["n"])] if s == "ngram" else None)
+    for _ in range(30):
+        p.update([3], [3], source="ngram")  # every n-gram draft accepted
+        p.update([2], [0], source="model")
+    assert p.plan([[0]]) == ("ngram", 3)  # wider than its match would verify nothing more
+    match["n"] = 0
+    assert p.plan([[0]])[0] != "ngram"
+
+
+def test_a_full_accept_is_censored_per_position():
+    p = policy()
+    before = p.acceptance("model")
+    p.update([2], [2], source="model")  # accepted both: positions 0 and 1 seen accepted, 2.. not tested
+    after = p.acceptance("model")
+    assert after[0] > before[0] and after[1] > before[1] and after[2:] == before[2:]
+    p.update([4], [1], source="model")  # rejected at position 1: positions 2 and 3 were not tested
+    acc, reached = p.counts[0]["model"]
+    assert reached[2] == pytest.approx(0.0) and reached[1] == pytest.approx(1 + DECAY)
+
+
+def test_a_source_not_tried_drifts_back_to_its_prior_and_is_tried_again():
+    p = policy(Costs(1.0, {"ngram": 0.05, "model": 0.25}), avail=lambda s, c, k: [0] * len(c) if s == "ngram" else None)
+    for _ in range(40):
+        p.update([3], [0], source="model")
+    chosen = []
+    for cycle in range(400):
+        s, k = p.plan([[0]])
+        chosen.append(s)
+        p.update([k], [0], source=s)  # plain steps (k = 0) and failed probes
+    probes = [i for i, s in enumerate(chosen) if s == "model"]
+    assert probes and probes[0] > 20  # not at once: the evidence is strong
+    assert len(probes) < 40  # and not often: a probe that fails pushes the next one back
+
+
+def test_a_batch_gets_one_choice_and_rows_keep_their_own_estimates():
+    p = policy(batch=2)
+    for _ in range(10):
+        p.update([3, 3], [3, 0], source="model")
+    assert p.expected("model", 3, 0) > 3.0 > 1.5 > p.expected("model", 3, 1)
+    s, k = p.plan([[0], [0]])
+    assert isinstance(k, int)  # one (source, width) for both rows
+    keep_members(p, [1])  # row 0 left the batch: the remaining row's estimates go with it
+    assert p.batch == 1 and p.expected("model", 3, 0) < 1.5
+
+
+def test_cost_fit_recovers_the_costs_per_source():
+    fit = CostFit(prior_costs(["ngram", "model"], {"model": 0.5}, gpu=False))
+    rng = np.random.default_rng(0)
+    truth = Costs(0.2, {"ngram": 0.01, "model": 0.07})
+    for i in range(200):
+        s, k = [(None, 0), ("ngram", int(rng.integers(1, 8))), ("model", int(rng.integers(1, 6)))][i % 3]
+        fit.add(s, k, truth.time(s, k) * (1 + 0.02 * rng.standard_normal()))
+    got = fit.result()
+    assert got.plain == pytest.approx(0.2, rel=0.05)
+    assert got.per_token["ngram"] == pytest.approx(0.01, abs=0.003)
+    assert got.per_token["model"] == pytest.approx(0.07, rel=0.05)
+
+
+def test_kept_costs_stay_put_within_tolerance_and_move_beyond_it():
+    old = Costs(1.0, {"ngram": 0.1, "model": 0.3})
+    assert old.settled(Costs(1.05, {"ngram": 0.11, "model": 0.32})) is old  # same seed, same output next run
+    moved = old.settled(Costs(2.0, {"ngram": 0.1, "model": 0.3}))
+    assert moved.plain == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        Costs.from_dict({"plain": float("nan"), "per_token": {}})
+
+
+# ---- the engine with two sources on tiny models -----------------------------------------------------------------
+
+def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
+    target, draft = tiny
+    drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available)
+    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
+                  batch_size)
+
+
+def run(eng, ids, n=1):
+    outs = [[] for _ in range(n)]
+    for ev in eng.generate([Request(c, ids, eng.cfg.max_tokens, eng.cfg.seed, c) for c in range(n)]):
+        outs[ev.request].extend(ev.tokens)
+    return outs
+
+
+BOTH = Costs(1.0, {"ngram": 0.02, "model": 0.05})  # both sources pay on the tiny pair
+
+
+def test_auto_greedy_is_token_identical_to_plain_decoding(tiny):
+    target, _ = tiny
+    used = set()
+    for prompt in PROMPTS + ["abcabcabcabc"]:
+        ids = list(target.tokenizer.encode(prompt))
+        plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=48))
+        eng = auto_engine(tiny, BOTH)
+        assert run(eng, ids) == run(plain, ids)
+        used |= {s for s, st in eng.stats.sources.items() if st.cycles}
+    assert {"ngram", "model"} <= used  # both sources drafted
+
+
+def pairs(tiny, sp, costs, prompt="abcabcab", drafter_cls=AutoDrafter):
+    target, _ = tiny
+    ids = list(target.tokenizer.encode(prompt))
+    eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
+    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    return ids, arr[:, 0], arr[:, 1], eng
+
+
+AUTO_CASES = [  # (sampling, costs): which source is cheaper decides the first cycle's pick
+    (SamplingParams(temp=1.0), BOTH),
+    (SamplingParams(temp=0.7, top_k=20, top_p=0.9), Costs(1.0, {"ngram": 0.02, "model": 0.25})),
+    (SamplingParams(temp=1.0, top_p=0.8), BOTH),  # top-p alone: its nucleus is looked for among 6 candidates
+]
+
+
+@pytest.mark.parametrize("sp,costs", AUTO_CASES, ids=str)
+def test_auto_is_distributed_as_the_target(tiny, sp, costs, monkeypatch):
+    # few candidates for the partial top-p selection, so that some nuclei lie past it and are judged again
+    monkeypatch.setattr(sampling, "CANDIDATES", 6)
+    redone = []
+    judge = engine_mod.judge
+    monkeypatch.setattr(engine_mod, "judge", lambda *a, **k: redone.append(k.get("full")) or judge(*a, **k))
+    target, _ = tiny
+    ids, first, second, eng = pairs(tiny, sp, costs)
+    p1, p2 = target_marginals(target, ids, sp)
+    used = {s: st.cycles for s, st in eng.stats.sources.items()}
+    assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
+    assert 0.2 < eng.stats.acceptance_rate < 0.98
+    if sp.top_p < 1.0 and not sp.top_k:
+        assert True in redone  # the full-sort fallback ran
+    assert fits(np.bincount(first, minlength=len(p1)), p1)
+    assert fits(np.bincount(second, minlength=len(p1)), p2)
+
+
+class PeekingDrafter(AutoDrafter):
+    """NOT exact: it chooses the source after seeing this cycle's draw. Rows whose model draft did not draw its most
+    likely first token take the n-gram draft instead; the rest keep a draft that is no longer distributed as q."""
+
+    def propose(self, contexts, caps, sp, keys, source=None):
+        m = self.sources["model"].propose(contexts, caps, sp, keys)
+        g = self.sources["ngram"].propose(contexts, caps, sp, keys)
+        if m.k == 0 or g.k == 0:
+            return m
+        k = min(m.k, g.k)
+        swap = (m.tokens[:, 0] != mx.argmax(m.q[:, 0], axis=-1))[:, None]
+        tokens = mx.where(swap, g.tokens[:, :k], m.tokens[:, :k])
+        onehot = (mx.arange(m.q.shape[-1]) == g.tokens[:, :k, None]).astype(mx.float32)
+        q = mx.where(swap[..., None], onehot, m.q[:, :k])
+        lengths = [min(k, a, b) for a, b in zip(m.lengths, g.lengths)]
+        return Draft(tokens, q, lengths, lengths)
+
+
+def test_negative_control_a_choice_that_sees_the_draft_fails(tiny):
+    sp = SamplingParams(temp=1.0)
+    target, _ = tiny
+    ids, first, second, _ = pairs(tiny, sp, BOTH, drafter_cls=PeekingDrafter)
+    p1, p2 = target_marginals(target, ids, sp)
+    assert not (fits(np.bincount(first, minlength=len(p1)), p1) and fits(np.bincount(second, minlength=len(p1)), p2))
+
+
+def test_statistics_per_source_add_up(tiny):
+    target, _ = tiny
+    eng = auto_engine(tiny, BOTH, max_tokens=80)
+    run(eng, list(target.tokenizer.encode("abcabcabcabc")))
+    st = eng.stats
+    d = st.to_dict()
+    assert sum(x["cycles"] for x in d["sources"].values()) == st.cycles == len(d["source_trace"])
+    assert sum(x["drafted"] for x in d["sources"].values()) == st.drafted
+    assert sum(x["committed"] for x in d["sources"].values()) == st.generated_tokens
+    assert sum(x["time_share"] for x in d["sources"].values()) == pytest.approx(1.0)
+    assert d["plain_steps"] == d["sources"].get("plain", {}).get("cycles", 0)
