@@ -1,4 +1,5 @@
-"""Share of a cycle spent shaping p/q (temperature, top-k, top-p) at T=1 on the real pair, full sort vs partial.
+"""Share of a cycle spent shaping p/q (temperature, top-k, top-p) at T=1 on the real pair: the full sort of the
+vocabulary (151,936 tokens for Qwen) against the partial selection (sampling.shaped: top-4096 first).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/sampling_share.py TARGET DRAFT
 """
@@ -26,7 +27,9 @@ for name, m, k in (("target verify (5 positions)", target.model, 5), ("draft ste
     t_fwd = timed(fwd)
     for label, sp in (("T=1 top-p 0.95", SamplingParams(1.0, 0.95)), ("T=1 top-k 50 top-p 0.95", SamplingParams(1.0, 0.95, 50)),
                       ("T=1 (no top-k/p)", SamplingParams(1.0))):
-        t_p = timed(lambda: probs(logits, sp))
-        rows.append((name, label, t_fwd * 1e3, t_p * 1e3, t_p / t_fwd))
+        t_full = timed(lambda: probs(logits, sp, full=True))
+        t_part = timed(lambda: probs(logits, sp))
+        rows.append((name, label, t_fwd * 1e3, t_full * 1e3, t_full / t_fwd, t_part * 1e3, t_part / t_fwd))
 for r in rows:
-    print(f"{r[0]:30s} {r[1]:26s} forward {r[2]:8.1f} ms  probs {r[3]:7.2f} ms  share {r[4]:.3f}")
+    print(f"{r[0]:28s} {r[1]:24s} forward {r[2]:7.1f} ms | full sort {r[3]:6.2f} ms = {r[4]:.3f} of it"
+          f" | partial {r[5]:6.2f} ms = {r[6]:.3f}")

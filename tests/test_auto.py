@@ -205,3 +205,22 @@ def test_statistics_per_source_add_up(tiny):
     assert sum(x["committed"] for x in d["sources"].values()) == st.generated_tokens
     assert sum(x["time_share"] for x in d["sources"].values()) == pytest.approx(1.0)
     assert d["plain_steps"] == d["sources"].get("plain", {}).get("cycles", 0)
+
+
+def test_the_kept_acceptance_is_the_prior_and_a_poor_source_is_still_tried():
+    no_match = lambda s, c, k: [0] * len(c) if s == "ngram" else None  # noqa: E731
+    good = Costs(1.0, {"ngram": 0.05, "model": 0.3}, {"model": [0.95] * 6})
+    assert policy(good, no_match).plan([[0]]) == ("model", 6)  # a source known to be good drafts wide at once
+    poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, {"model": [0.1] * 6})
+    p = policy(poor, no_match)
+    assert p.plan([[0]]) == ("model", 1)  # untried this run: the bonus says try one token
+    p.update([1], [0], source="model")
+    chosen = []
+    for _ in range(300):  # plain steps; the evidence decays, the bonus for the untried grows
+        s, k = p.plan([[0]])
+        chosen.append(s)
+        p.update([k], [0], source=s)
+    probes = [i for i, s in enumerate(chosen) if s == "model"]
+    assert probes and probes[0] > 20 and len(probes) < 30
+    p.update([3], [3], source="model")
+    assert p.measured() is None  # too few cycles timed to keep anything

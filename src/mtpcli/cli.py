@@ -98,7 +98,7 @@ def generate(
 @app.command()
 def stats(
     last: Optional[int] = typer.Option(None, "--last", min=1, help="A table of the N most recent runs."),
-    by: Optional[str] = typer.Option(None, "--by", help="Aggregate by profile, model or draft."),
+    by: Optional[str] = typer.Option(None, "--by", help="Aggregate by profile, model, draft or source (what each draft source contributed)."),
     compare: Optional[List[str]] = typer.Option(None, "--compare", help="Two profiles or two run ids (give --compare twice).") ,
     since: Optional[str] = typer.Option(None, "--since", help="Only runs since a duration ago (2h, 7d) or an ISO date."),
     model: Optional[str] = typer.Option(None, "--model", help="Only runs of this model."),

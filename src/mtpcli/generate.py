@@ -177,7 +177,7 @@ def remember_costs(engine: Engine, log: bool = True) -> dict[str, Any] | None:
     policy = engine.controller
     if not isinstance(policy, AutoPolicy):
         return None
-    measured = policy.fit.result()
+    measured = policy.measured()
     info = {"sources": policy.sources, "costs": policy.costs.to_dict(), "warm": policy.warm,
             "measured": measured.to_dict() if measured else None}
     if measured is not None and log:
@@ -350,7 +350,8 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     if law == "typical":
         err(f"{TYPICAL_TAG} threshold={v['typical_threshold']} eps={v['typical_eps']}")
     if len(requests) > 1 and engine.batch_size == 1 and (batch_size or size) > 1:
-        why = "MTP heads draft" if v["draft"] == "mtp" else "the target or draft model keeps recurrent state and"
+        mtp = v["draft"] == "mtp" or "mtp" in getattr(engine.drafter, "sources", {})
+        why = "MTP heads draft" if mtp else "the target or draft model keeps recurrent state and"
         err(f"mtpcli: note: {why} one sequence at a time; decoding the prompts one after another")
     output = Output(out or sys.stdout)
     writer = Writer(v["format"], output, target.tokenizer, completions, separator, not single, engine.runs)

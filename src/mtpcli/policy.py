@@ -10,11 +10,13 @@ been tried for a while drifts back to its prior and is tried again (exploration 
 source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
 
 T(s, k) = plain + k * per_token[s]: seconds of a plain step plus the seconds each drafted token of source s adds
-(drafting it and verifying it). The choice uses a fixed `Costs` for the whole run: the one measured on this
-machine by earlier runs (the run log keeps it per model, draft, machine and batch size), or the prior from the
-models' sizes. Meanwhile `Costs.fit` measures this run, to be kept for the next one. So the choice depends on the
-committed tokens, the earlier acceptances and a fixed table, never on this cycle's draws (the exact law holds),
-and the same seed with the same stored costs gives the same output.
+(drafting it and verifying it). The choice uses a fixed `Costs` table for the whole run: the one earlier runs on
+this machine left (the run log keeps it per model, draft, machine, sampling and batch size; it also holds each
+source's acceptance by position, the prior of a row's estimates), or the prior from the models' sizes. Meanwhile
+`Measured` records this run, to be kept for the next one. A source's expected tokens get an exploration bonus that
+shrinks with the evidence (EXPLORE / sqrt(1 + reached)), so a source the table calls poor is still tried now and
+then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
+cycle's draws (the exact law holds), and the same seed with the same stored table gives the same output.
 """
 
 from __future__ import annotations
@@ -23,44 +25,60 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen
+PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
 PRIOR_WEIGHT = 1.5  # ... worth this many observations
-DECAY = 0.97  # every cycle, every count: a source not tried for ~100 cycles is back near its prior
+EXPLORE = 0.3  # optimism added to a position's acceptance, / sqrt(1 + times it was reached)
+DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
 
 
 @dataclass
 class Costs:
-    """Cycle time model: plain seconds + k * per_token[source] seconds."""
+    """Cycle time model: plain seconds + k * per_token[source] seconds; and each source's acceptance by position
+    (the prior of a row's estimates; missing: PRIOR_ACCEPT)."""
 
     plain: float
     per_token: dict[str, float]
+    accept: dict[str, list[float]] = field(default_factory=dict)
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
             return self.plain
         return self.plain + k * self.per_token.get(source, self.plain)
 
+    def prior_accept(self, source: str, n: int) -> list[float]:
+        known = self.accept.get(source, [])
+        return [known[i] if i < len(known) else PRIOR_ACCEPT for i in range(n)]
+
     def to_dict(self) -> dict:
-        return {"plain": self.plain, "per_token": dict(self.per_token)}
+        return {"plain": self.plain, "per_token": dict(self.per_token), "accept": {k: list(v) for k, v in self.accept.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
         plain = float(d["plain"])
         per = {str(k): float(v) for k, v in d["per_token"].items()}
+        accept = {str(k): [float(x) for x in v] for k, v in (d.get("accept") or {}).items()}
         if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in per.values())):
             raise ValueError("non-positive or non-finite cost")
-        return cls(plain, per)
+        if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
+            raise ValueError("an acceptance outside [0, 1]")
+        return cls(plain, per, accept)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
         """What to keep after a run measured `measured`: the old table while every figure is within `tolerance`
         of it (so outputs of the same seed stay the same), else the mean of both."""
         old, new = self.per_token, measured.per_token
         pairs = [(self.plain, measured.plain)] + [(old.get(k, new[k]), new.get(k, old[k])) for k in old | new]
-        if all(abs(a - b) <= tolerance * max(a, 0.02 * self.plain) for a, b in pairs):
+        acc_old, acc_new = self.accept, measured.accept
+        n = {k: max(len(acc_old.get(k, [])), len(acc_new.get(k, []))) for k in acc_old | acc_new}
+        acc_pairs = [(a, b) for k in n for a, b in zip(self.prior_accept(k, n[k]), measured.prior_accept(k, n[k]))]
+        if all(abs(a - b) <= tolerance * max(a, 0.02 * self.plain) for a, b in pairs) and \
+                all(abs(a - b) <= 0.1 for a, b in acc_pairs):
             return self
         per = {k: (old.get(k, new[k]) + new.get(k, old[k])) / 2 for k in old | new}
-        return Costs((self.plain + measured.plain) / 2, per)
+        accept = {k: [(a + b) / 2 for a, b in zip(self.prior_accept(k, n[k]), measured.prior_accept(k, n[k]))]
+                  for k in n}
+        return Costs((self.plain + measured.plain) / 2, per, accept)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -82,7 +100,7 @@ class CostFit:
         self.samples.append((source if k else None, k, seconds))
         del self.samples[:-WINDOW]
 
-    def result(self) -> Costs | None:
+    def result(self, accept: dict[str, list[float]] | None = None) -> Costs | None:
         import numpy as np
 
         pts = self.samples[1:]  # the first cycle pays for compilation and warm caches
@@ -97,7 +115,8 @@ class CostFit:
         px = reg * np.eye(1 + len(names))
         py = reg * np.array([plain] + [self.prior.per_token[n] * scale for n in names])
         coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
-        return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:])})
+        return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:])},
+                     dict(accept or {}))
 
 
 class AutoPolicy:
@@ -120,22 +139,34 @@ class AutoPolicy:
             self.counts = [fresh() for _ in range(self.batch)]
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
+            self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
         else:
             self.counts[member] = fresh()
             self.history[member] = []
 
     # ---- estimates ------------------------------------------------------------------------------------
-    def acceptance(self, source: str, member: int = 0) -> list[float]:
+    def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
         acc, reached = self.counts[member][source]
-        return [(a + PRIOR_ACCEPT * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) for a, r in zip(acc, reached)]
+        prior = self.costs.prior_accept(source, self.n_max)
+        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / math.sqrt(1 + r) if explore else 0))
+                for a, r, p in zip(acc, reached, prior)]
 
-    def expected(self, source: str, k: int, member: int = 0) -> float:
+    def expected(self, source: str, k: int, member: int = 0, explore: bool = False) -> float:
         """Expected committed tokens of a cycle drafting k tokens of `source`: 1 + sum_j prod_{i<=j} a_i."""
         total, run = 1.0, 1.0
-        for a in self.acceptance(source, member)[:k]:
+        for a in self.acceptance(source, member, explore)[:k]:
             run *= a
             total += run
         return total
+
+    def measured(self) -> Costs | None:
+        """This run's cycle costs and acceptance by position (positions reached at least 4 times)."""
+        accept = {}
+        for s, (acc, reached) in self.seen.items():
+            known = [a / r for a, r in zip(acc, reached) if r >= 4]
+            if known:
+                accept[s] = known
+        return self.fit.result(accept)
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
         B = len(contexts)
@@ -148,7 +179,7 @@ class AutoPolicy:
                     break  # no row has more to give
                 if max(caps) == 0:
                     break
-                e = sum(self.expected(s, c, b) for b, c in enumerate(caps))
+                e = sum(self.expected(s, c, b, explore=True) for b, c in enumerate(caps))
                 out[(s, k)] = e / self.costs.time(s, max(caps))
         return out
 
@@ -172,10 +203,10 @@ class AutoPolicy:
             self.history[member].append(n)
             if source is None or n == 0:
                 continue
-            acc, reached = self.counts[member][source]
-            for i in range(min(n, a + 1, self.n_max)):  # positions past the first rejection were not tested
-                reached[i] += 1
-                acc[i] += i < a
+            for acc, reached in (self.counts[member][source], self.seen[source]):
+                for i in range(min(n, a + 1, self.n_max)):  # positions past the first rejection were not tested
+                    reached[i] += 1
+                    acc[i] += i < a
         if seconds is not None:
             self.fit.add(source, max(drafted, default=0), seconds)
 

@@ -58,10 +58,12 @@ def _choice(*options):
 SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("model", str, "smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache)."),
     Key("draft_model", str, None, "Draft model (same tokenizer as the target); implies draft = \"model\"."),
-    Key("draft", str, "auto", "Draft source: model, ngram, mtp, none, or auto (model with a draft model, else the "
-        "checkpoint's MTP heads if it has them, else ngram).",
+    Key("draft", str, "auto", "Draft source: model, ngram, mtp, none, or auto (each cycle the source and width 0..n_max "
+        "with the most expected tokens per second, over n-gram lookup, the draft model and MTP heads; with a pinned "
+        "num_draft_tokens or adaptive: the draft model, else MTP heads, else ngram).",
         _choice("auto", "model", "ngram", "mtp", "none"), "one of auto, model, ngram, mtp, none"),
-    Key("num_draft_tokens", int, 4, "Draft width: tokens drafted per verify cycle.", _rng(1, 64), "1..64"),
+    Key("num_draft_tokens", int, 4, "Draft width: tokens drafted per verify cycle (setting it pins the width; "
+        "draft = auto otherwise chooses it).", _rng(1, 64), "1..64"),
     Key("max_tokens", int, 256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1"),
     Key("temp", float, 0.0, "Sampling temperature; 0 is greedy.", _rng(0.0), ">= 0", "--temp"),
     Key("top_p", float, 1.0, "Nucleus sampling mass, in (0, 1]; 1 is off.", _rng(0.0, 1.0, lo_open=True), "(0, 1]"),
@@ -78,7 +80,8 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("controller", str, "ema", "Adaptive width policy: ema (censoring-aware EMA) or cost (tokens per second).",
         _choice("ema", "cost"), "one of ema, cost", "--spec-draft-controller"),
     Key("n_min", int, 1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min"),
-    Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens).", _rng(1, 64), "1..64",
+    Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens; 8 for draft = auto).", _rng(1, 64),
+        "1..64",
         "--spec-draft-n-max"),
     Key("p_min", float, 0.0, "Draft confidence floor: stop drafting below this draft probability; 0 = off.",
         _rng(0.0, 1.0, hi_open=True), "[0, 1)", "--spec-draft-p-min"),

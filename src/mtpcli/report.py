@@ -86,9 +86,37 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
     }
 
 
+def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
+    """What each draft source contributed over these runs (and the plain steps, width 0, apart)."""
+    from .stats import SourceStats
+
+    pooled: dict[str, SourceStats] = {}
+    runs: dict[str, int] = {}
+    total_s = 0.0
+    for r in records:
+        sources = r["stats"].get("sources") or {}
+        for name, d in sources.items():
+            st = SourceStats.from_dict(d)
+            pooled[name] = pooled[name].merge(st) if name in pooled else st
+            runs[name] = runs.get(name, 0) + 1
+            total_s += st.seconds
+    out = {}
+    for name, st in sorted(pooled.items(), key=lambda kv: (kv[0] == "plain", kv[0])):
+        d = st.to_dict(total_s)
+        out[name] = {"runs": runs[name], "cycles": st.cycles, "drafted": st.drafted, "accepted": st.accepted,
+                     "acceptance": d["acceptance_rate"], "tokens_per_cycle": d["tokens_per_cycle"],
+                     "accept_by_position": " ".join(f"{x:.2f}" for x in d["accept_by_position"]) or "-",
+                     "time_share": d["time_share"]}
+    if not out:
+        raise UsageError("--by source: none of these runs has per-source statistics (runs before draft = auto)")
+    return out
+
+
 def group_by(records: list[dict], field: str) -> dict[str, dict[str, Any]]:
+    if field == "source":
+        return by_source(records)
     if field not in ("profile", "model", "draft"):
-        raise UsageError(f"--by {field!r}: choose profile, model or draft")
+        raise UsageError(f"--by {field!r}: choose profile, model, draft or source")
     groups: dict[str, list[dict]] = {}
     for r in records:
         groups.setdefault(str(r[field]), []).append(r)
@@ -105,25 +133,72 @@ def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def plot(stats: dict[str, Any], path: str) -> None:
+def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
+    """What a chart or table needs to name its run: id, model, profile, law and draft source."""
+    settings = (record or {}).get("settings") or stats.get("settings") or {}
+    parts = [f"run {record['id']}" if record and "id" in record else fallback]
+    for key, label in (("model", "model"), ("draft_model", "draft model"), ("profile", "profile"),
+                       ("law", "law"), ("draft", "draft")):
+        value = (record or {}).get(key) if key == "profile" and record else settings.get(key)
+        if value:
+            parts.append(f"{label} {value}")
+    if settings.get("temp"):
+        parts.append(f"T={settings['temp']:g}")
+    return " · ".join(parts)
+
+
+def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
+    """Four charts a reader can read alone: what was accepted, how wide the drafts were, acceptance by position per
+    source, and the source and width chosen over the run."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'mtpcli[plot]' (or pip install matplotlib)") from None
-    fig, ax = plt.subplots(2, 2, figsize=(10, 7))
-    for a, key, title in ((ax[0, 0], "accept_length_hist", "accept length"), (ax[0, 1], "draft_width_hist", "draft width")):
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
+    fig.suptitle(title, fontsize=10)
+    for a, key, name, xlabel in ((ax[0, 0], "accept_length_hist", "Accepted draft tokens per cycle",
+                                  "draft tokens accepted in a cycle"),
+                                 (ax[0, 1], "draft_width_hist", "Draft width per cycle (0 = plain step)",
+                                  "tokens drafted in a cycle")):
         h = stats.get(key, {})
         a.bar([int(k) for k in h], list(h.values()))
-        a.set_title(title)
-    pos = stats.get("accept_by_position", [])
-    ax[1, 0].bar(range(len(pos)), pos)
-    ax[1, 0].set_title("acceptance by draft position")
-    ax[1, 0].set_ylim(0, 1)
-    ax[1, 1].plot(stats.get("tokens_per_cycle_trace", []))
-    ax[1, 1].set_title("tokens per cycle over the run")
+        a.set_title(name)
+        a.set_xlabel(xlabel)
+        a.set_ylabel("cycles")
+    sources = {k: v for k, v in (stats.get("sources") or {}).items() if k != "plain"}
+    a = ax[1, 0]
+    if not sources and stats.get("accept_by_position"):
+        sources = {"all": {"accept_by_position": stats["accept_by_position"]}}
+    width = 0.8 / max(len(sources), 1)
+    for i, (name, d) in enumerate(sorted(sources.items())):
+        pos = d.get("accept_by_position", [])
+        a.bar([j + 1 + (i - (len(sources) - 1) / 2) * width for j in range(len(pos))], pos, width, label=name)
+    a.set_title("Acceptance by draft position, per source")
+    a.set_xlabel("draft position (1 = first drafted token)")
+    a.set_ylabel("accepted / reached")
+    a.set_ylim(0, 1)
+    if sources:
+        a.legend(title="source")
+    a = ax[1, 1]
+    widths, names = stats.get("width_trace", []), stats.get("source_trace", [])
+    if names and len(names) == len(widths):
+        for name in sorted(set(names)):
+            xs = [i + 1 for i, n in enumerate(names) if n == name]
+            a.scatter(xs, [widths[i - 1] for i in xs], s=10, label=name, color="grey" if name == "plain" else None)
+        a.legend(title="source", fontsize=8)
+    else:
+        a.plot(range(1, len(widths) + 1), widths, drawstyle="steps-mid")
+    a.set_title("Source and draft width chosen, cycle by cycle")
+    a.set_xlabel("cycle")
+    a.set_ylabel("draft width (tokens)")
+    for a in ax.flat:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
+        a.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path)
 
@@ -144,7 +219,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             doc = json.loads(open(file, encoding="utf-8").read())
         except (OSError, ValueError) as e:
             raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
-        return _show_run(doc, as_json, plot, f"mtpcli · {file}")
+        return _show_run(doc, as_json, plot, run_title(None, doc, file))
     records = runlog.query(since=parse_since(since) if since else None, model=model, profile=profile)
     if not records:
         raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
@@ -183,7 +258,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             table(*recent_rows(picked))
     else:
         r = records[-1]
-        _show_run(r["stats"], as_json, plot, f"mtpcli · run {r['id']} · {r['profile']}")
+        _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"))
 
 
 def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> None:
@@ -194,5 +269,5 @@ def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> No
     else:
         render(RunStats.from_dict(doc), sys.stdout, sys.stdout.isatty(), title=title)
     if plot_path:
-        plot(doc, plot_path)
+        plot(doc, plot_path, title)
         print(f"wrote {plot_path}", file=sys.stderr)
