@@ -100,7 +100,7 @@ class FixedProposer:
     def start(self, row, prompt, hidden=None, keep=False):
         pass
 
-    def propose(self, contexts, caps, sp, keys):
+    def propose(self, contexts, caps, sp, keys, source=None):
         return Draft(mx.full((len(contexts), max(caps)), 7, mx.int32), None, list(caps), list(caps))
 
     def commit(self, contexts, n, hidden=None):

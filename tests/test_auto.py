@@ -107,7 +107,7 @@ def test_kept_costs_stay_put_within_tolerance_and_move_beyond_it():
 def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available)
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available, warm=True)  # no calibration steps
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
                   batch_size)
 
@@ -142,22 +142,23 @@ def pairs(tiny, sp, costs, prompt="abcabcab", drafter_cls=AutoDrafter):
     return ids, arr[:, 0], arr[:, 1], eng
 
 
-AUTO_CASES = [  # (sampling, costs): which source is cheaper decides the first cycle's pick
-    (SamplingParams(temp=1.0), BOTH),
-    (SamplingParams(temp=0.7, top_k=20, top_p=0.9), Costs(1.0, {"ngram": 0.02, "model": 0.25})),
-    (SamplingParams(temp=1.0, top_p=0.8), BOTH),  # top-p alone: its nucleus is looked for among 6 candidates
+TWO = Costs(1.0, {"ngram": 0.02, "model": 0.25})  # n-gram lookup drafts first, then the draft model takes over
+AUTO_CASES = [
+    SamplingParams(temp=1.0),
+    SamplingParams(temp=0.7, top_k=20, top_p=0.9),
+    SamplingParams(temp=1.0, top_p=0.8),  # top-p alone: its nucleus is looked for among 6 candidates
 ]
 
 
-@pytest.mark.parametrize("sp,costs", AUTO_CASES, ids=str)
-def test_auto_is_distributed_as_the_target(tiny, sp, costs, monkeypatch):
+@pytest.mark.parametrize("sp", AUTO_CASES, ids=str)
+def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     # few candidates for the partial top-p selection, so that some nuclei lie past it and are judged again
     monkeypatch.setattr(sampling, "CANDIDATES", 6)
     redone = []
     judge = engine_mod.judge
     monkeypatch.setattr(engine_mod, "judge", lambda *a, **k: redone.append(k.get("full")) or judge(*a, **k))
     target, _ = tiny
-    ids, first, second, eng = pairs(tiny, sp, costs)
+    ids, first, second, eng = pairs(tiny, sp, TWO)
     p1, p2 = target_marginals(target, ids, sp)
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
@@ -224,3 +225,34 @@ def test_the_kept_acceptance_is_the_prior_and_a_poor_source_is_still_tried():
     assert probes and probes[0] > 20 and len(probes) < 30
     p.update([3], [3], source="model")
     assert p.measured() is None  # too few cycles timed to keep anything
+
+
+def test_plain_decoding_with_the_partial_top_p_redoes_a_chained_step_and_stays_exact(tiny, monkeypatch):
+    """Plain steps are chained (launched before the previous one is read); when the previous one is judged again
+    with the full sort, the chained step that started from its old token is undone and launched again."""
+    monkeypatch.setattr(sampling, "CANDIDATES", 6)
+    discarded = []
+    discard = Engine._discard
+    monkeypatch.setattr(Engine, "_discard", lambda self, c: discarded.append(1) or discard(self, c))
+    target, _ = tiny
+    sp = SamplingParams(temp=1.0, top_p=0.8)
+    ids = list(target.tokenizer.encode("abcabcab"))
+    eng = Engine(target.model, None, None, (), DecodeConfig(sampling=sp, max_tokens=3), 250)
+    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    p1, p2 = target_marginals(target, ids, sp)
+    assert discarded
+    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
+    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+
+
+def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):
+    """With a tiny prefill step, the draft model catches up on what n-gram cycles committed in several chunks."""
+    target, draft = tiny
+    ids = list(target.tokenizer.encode("abcabcabcabc"))
+    plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
+    drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model, prefill_step=3)})
+    pol = AutoPolicy(["ngram", "model"], 4, Costs(1.0, {"ngram": 0.01, "model": 0.2}, {"model": [0.99] * 4}),
+                     drafter.available)
+    eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=60))
+    assert run(eng, ids) == plain
+    assert eng.stats.sources["ngram"].cycles and eng.stats.sources["model"].cycles

@@ -38,7 +38,7 @@ def fit_length(ids: list[int], n: int | None) -> list[int]:
 def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int) -> tuple[RunStats, list[int]]:
     s = profiles.Settings({**arm.settings.values, "seed": seed, "max_tokens": max_tokens}, arm.settings.origins,
                           arm.settings.profile)
-    engine = build_engine(s, target, draft if s.values["draft"] == "model" else None)
+    engine = build_engine(s, target, draft if s.values["draft"] in ("model", "auto") else None)
     mx.reset_peak_memory()
     tokens, first = [], None
     for ev in engine.generate([Request(0, prompt, max_tokens, seed)]):
@@ -72,12 +72,12 @@ def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
         else:  # a target token ends a cycle: the drafts before it were accepted
             if first_cycle is None:
                 first_cycle = (len(tokens), time.perf_counter())
-            st.record_cycle(width if draft is not None else 0, last_draft_run, last_draft_run + 1)
+            st.record_cycle(width if draft is not None else 0, last_draft_run, last_draft_run + 1, "mlx-lm")
             last_draft_run = 0
         if r.finish_reason:
             break
     if last_draft_run:
-        st.record_cycle(width, last_draft_run, last_draft_run)
+        st.record_cycle(width, last_draft_run, last_draft_run, "mlx-lm")
     st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)
     st.peak_memory_bytes = mx.get_peak_memory()
     first_cycle = first_cycle or (len(tokens), time.perf_counter())
@@ -136,7 +136,7 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     def one(arm, ids, seed, n):
         if arm.kind == "mlx-lm":
             v = arm.settings.values
-            spec = dmodel if v["draft"] == "model" else None
+            spec = dmodel if v["draft"] != "none" and v["draft_model"] else None
             return run_mlx_lm(arm, target, spec, ids, seed, n, v, v["num_draft_tokens"])
         return run_mtpcli(arm, target, dmodel, ids, seed, n)
 

@@ -55,6 +55,8 @@ def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | N
             return verify.Verdict(mx.zeros(len(keys), mx.int32), mx.argmax(logits[:, -1], axis=-1)), [], None
         return verify.greedy(logits, drafts, lengths), [], None
     p, complete = shaped(logits, sp, full)
+    if complete is not None and lengths is not None:  # positions past a row's draft and bonus are not used
+        complete = complete | (mx.arange(drafts.shape[1] + 1)[None] > mx.array(lengths)[:, None])
     complete = None if complete is None else complete.all()
     if cfg.law == "exact":
         return verify.exact(p, q, drafts, keys, lengths), [], complete
@@ -105,6 +107,7 @@ class Cycle:
     before: np.ndarray
     t0: float
     source: str | None = None  # the source that drafted (None: a plain step)
+    planned: str | None = None  # the source asked to draft (a confidence floor may have cut every row to 0)
     complete: mx.array | None = None  # False: judge again with the full sort (`redo`)
     redo: tuple = ()  # what judging again needs: logits, q, keys
     keys: list = field(default_factory=list)  # the rows' keys before this cycle split them
@@ -250,8 +253,8 @@ class Engine:
         v, sums, complete = judge(cfg, logits, draft.tokens, draft.q, keys, draft.lengths, full)
         mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]))
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
-                     source if draft.k else None, complete, (logits, draft.q, keys) if complete is not None else (),
-                     keys_before)
+                     source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
+                     redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before)
 
     def _discard(self, c: Cycle) -> None:
         """Undo a launched plain step that was not read: its cache entries and its keys."""
@@ -281,7 +284,7 @@ class Engine:
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
-            self.controller.update(c.lengths, n_acc, seconds=seconds, source=c.source)
+            self.controller.update(c.lengths, n_acc, seconds=seconds, source=c.planned, requested=c.requested)
         self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped

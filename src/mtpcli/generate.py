@@ -113,12 +113,17 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
         return ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
 
     if v["draft"] == "auto":
-        drafter = AutoDrafter({k: source(k) for k in auto_sources(s, target)})
-        controller = auto_policy(s, target, draft, drafter, batch_size)
+        names = auto_sources(s, target)
+        if batch_size > 1 and len(names) > 1 and "mtp" in names:
+            names.remove("mtp")  # MTP heads draft one row at a time: several rows go without them (--draft mtp)
+        drafter = AutoDrafter({k: source(k) for k in names})
+        controller = auto_policy(s, target, draft, drafter)
     else:
         drafter, controller = source(v["draft"]), build_controller(s)
     engine = Engine(target.model, drafter, controller, target.tokenizer.eos_token_ids, decode_config(s), batch_size)
     engine.controller.batch = engine.batch_size
+    if v["draft"] == "auto":
+        use_kept_costs(controller, costs_key(s, engine.batch_size))
     return engine
 
 
@@ -141,12 +146,11 @@ def costs_key(s: Settings, batch_size: int) -> str:
                      str(info.get("device_name", "")), "greedy" if v["temp"] == 0 else "sampled", f"B{bucket}"])
 
 
-def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None, drafter, batch_size: int):
-    """The policy of draft = auto, with this machine's stored cycle costs (or the prior from the models' sizes)."""
+def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None, drafter):
+    """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     import mlx.core as mx
 
-    from . import runlog
-    from .policy import AutoPolicy, Costs, prior_costs
+    from .policy import AutoPolicy, prior_costs
 
     names = list(drafter.sources)
     ratio = {}
@@ -155,18 +159,28 @@ def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None,
     if "mtp" in names:
         ratio["mtp"] = _params(models.mtp_head(target)) / _params(target.model)
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
-    key = costs_key(s, batch_size)
-    stored = runlog.load_costs(key)
-    costs = prior
-    if stored is not None:
-        try:
-            costs = Costs.from_dict(stored)
-            costs.per_token = {n: costs.per_token.get(n, prior.per_token[n] * costs.plain) for n in names}
-        except (KeyError, TypeError, ValueError):
-            costs = prior
-    policy = AutoPolicy(names, s.values["n_max"], costs, drafter.available, prior=prior)
-    policy.key, policy.warm = key, costs is not prior
-    return policy
+    return AutoPolicy(names, s.values["n_max"], prior, drafter.available)
+
+
+def _kept(value) -> "Costs | None":
+    from .policy import Costs
+
+    try:
+        return Costs.from_dict(value) if value is not None else None
+    except Exception:  # noqa: BLE001 - a table of another shape: the prior instead, the log left as it is
+        return None
+
+
+def use_kept_costs(policy, key: str) -> None:
+    """Decide with the table earlier runs kept under `key`, if there is one (sources it lacks: from the prior)."""
+    from . import runlog
+
+    policy.key = key
+    kept = _kept(runlog.load_costs(key))
+    if kept is not None:
+        prior = policy.costs
+        kept.per_token = {n: kept.per_token.get(n, prior.per_token[n] * kept.plain) for n in policy.sources}
+        policy.use(kept, warm=True)
 
 
 def remember_costs(engine: Engine, log: bool = True) -> dict[str, Any] | None:
@@ -181,9 +195,13 @@ def remember_costs(engine: Engine, log: bool = True) -> dict[str, Any] | None:
     info = {"sources": policy.sources, "costs": policy.costs.to_dict(), "warm": policy.warm,
             "measured": measured.to_dict() if measured else None}
     if measured is not None and log:
-        kept = policy.costs.settled(measured) if policy.warm else measured
-        if kept is not policy.costs:
-            runlog.save_costs(policy.key, kept.to_dict())
+        def settle(current):  # against the table as it is now: another run may have changed it meanwhile
+            base = _kept(current)
+            if base is None:
+                return measured.to_dict() if not policy.warm or current is None else None
+            kept = base.settled(measured)
+            return None if kept is base else kept.to_dict()
+        runlog.update_costs(policy.key, settle)
     return info
 
 

@@ -65,40 +65,55 @@ class Costs:
         return cls(plain, per, accept)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
-        """What to keep after a run measured `measured`: the old table while every figure is within `tolerance`
-        of it (so outputs of the same seed stay the same), else the mean of both."""
+        """What to keep after a run measured `measured` (only the figures it measured: the sources it drafted
+        with, the positions it reached often enough): this table while every measured figure is within
+        `tolerance` of it (0.1 for an acceptance), so outputs of the same seed stay the same; else the mean of
+        both where both exist, the measured figure where only it does, this table's elsewhere."""
         old, new = self.per_token, measured.per_token
-        pairs = [(self.plain, measured.plain)] + [(old.get(k, new[k]), new.get(k, old[k])) for k in old | new]
-        acc_old, acc_new = self.accept, measured.accept
-        n = {k: max(len(acc_old.get(k, [])), len(acc_new.get(k, []))) for k in acc_old | acc_new}
-        acc_pairs = [(a, b) for k in n for a, b in zip(self.prior_accept(k, n[k]), measured.prior_accept(k, n[k]))]
+        pairs = [(self.plain, measured.plain)] + [(old[k], new[k]) for k in new if k in old]
+        acc_pairs = [(self.accept[k][i], x) for k, xs in measured.accept.items() for i, x in enumerate(xs)
+                     if i < len(self.accept.get(k, []))]
         if all(abs(a - b) <= tolerance * max(a, 0.02 * self.plain) for a, b in pairs) and \
-                all(abs(a - b) <= 0.1 for a, b in acc_pairs):
+                all(abs(a - b) <= 0.1 for a, b in acc_pairs) and set(new) <= set(old) and \
+                all(len(xs) <= len(self.accept.get(k, [])) for k, xs in measured.accept.items()):
             return self
-        per = {k: (old.get(k, new[k]) + new.get(k, old[k])) / 2 for k in old | new}
-        accept = {k: [(a + b) / 2 for a, b in zip(self.prior_accept(k, n[k]), measured.prior_accept(k, n[k]))]
-                  for k in n}
+        per = {**old, **{k: (old[k] + v) / 2 if k in old else v for k, v in new.items()}}
+        accept = {k: list(v) for k, v in self.accept.items()}
+        for k, xs in measured.accept.items():
+            mine = accept.setdefault(k, [])
+            for i, x in enumerate(xs):
+                if i < len(mine):
+                    mine[i] = (mine[i] + x) / 2
+                else:
+                    mine.append(x)
         return Costs((self.plain + measured.plain) / 2, per, accept)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
-    """Before any measurement: in units of a plain step, verifying one more token costs 8% on a CPU (the matrix
+    """Before any measurement: in units of a plain step, verifying one more token costs 10% on a CPU (the matrix
     products grow with the tokens) and 2% on a GPU (a pass is nearly free in width); a draft model's token costs
-    its size relative to the target's; an n-gram lookup costs nothing beyond verification."""
-    verify = 0.02 if gpu else 0.08
-    return Costs(1.0, {s: verify + draft_ratio.get(s, 0.0) for s in sources})
+    its size relative to the target's, but at least 60% of a plain step on a GPU, where a small model's step is
+    bound by kernel launches, not weights (docs/perf/gpu.md); an n-gram lookup costs nothing beyond verification."""
+    verify = 0.02 if gpu else 0.10
+    return Costs(1.0, {s: verify + (max(r, 0.6) if gpu and r else r)
+                       for s, r in ((s, draft_ratio.get(s, 0.0)) for s in sources)})
 
 
 @dataclass
 class CostFit:
-    """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior."""
+    """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior (in
+    seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step)."""
 
     prior: Costs
+    known: bool = False
     samples: list[tuple[str | None, int, float]] = field(default_factory=list)
 
     def add(self, source: str | None, k: int, seconds: float) -> None:
         self.samples.append((source if k else None, k, seconds))
         del self.samples[:-WINDOW]
+
+    def plain_samples(self) -> int:
+        return sum(s is None for s, _, _ in self.samples[1:])
 
     def result(self, accept: dict[str, list[float]] | None = None) -> Costs | None:
         import numpy as np
@@ -107,15 +122,18 @@ class CostFit:
         if len(pts) < 4:
             return None
         names = sorted(self.prior.per_token)
-        plain = float(np.median([t for s, _, t in pts if s is None] or [t for _, _, t in pts]))
+        plains = [t for s, _, t in pts if s is None]
+        # the line's intercept is a plain step: measured, else the kept one, else no cycle is faster than it
+        plain = float(np.median(plains)) if plains else self.prior.plain if self.known else min(t for *_, t in pts)
         x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
         y = np.array([t for _, _, t in pts])
-        scale = plain / self.prior.plain  # the prior is in units of a plain step
-        reg = np.sqrt(2.0)  # worth two samples
-        px = reg * np.eye(1 + len(names))
-        py = reg * np.array([plain] + [self.prior.per_token[n] * scale for n in names])
+        scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
+        reg = np.sqrt([8.0 if self.known else 2.0] + [2.0] * len(names))  # worth this many samples
+        px = np.diag(reg)
+        py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names])
         coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
-        return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:])},
+        drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
+        return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
                      dict(accept or {}))
 
 
@@ -124,13 +142,20 @@ class AutoPolicy:
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list[int] | None] = lambda s, c, k: None,
-                 batch: int = 1, prior: Costs | None = None):
+                 batch: int = 1, warm: bool = False):
+        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step. A cold run takes plain
+        steps at its 2nd and 3rd cycles unless it took some anyway: the intercept of the time line it keeps."""
         if n_max < 1:
             raise ValueError(f"n_max must be >= 1 (got {n_max})")
         self.sources, self.n_max, self.costs, self.available = list(sources), n_max, costs, available
         self.batch = batch
-        self.fit = CostFit(prior or costs)
-        self.key, self.warm = "", False  # where the costs are kept, and whether they came from there
+        self.use(costs, warm)
+        self.key = ""  # where the table is kept
+
+    def use(self, costs: Costs, warm: bool) -> None:
+        """Decide with this table for the whole run (warm: kept by earlier runs, in seconds)."""
+        self.costs, self.warm = costs, warm
+        self.fit = CostFit(costs, known=warm)
         self.reset()
 
     def reset(self, member: int | None = None) -> None:
@@ -185,6 +210,9 @@ class AutoPolicy:
 
     # ---- the controller API --------------------------------------------------------------------------
     def plan(self, contexts: list) -> tuple[str | None, int]:
+        if not self.warm and 1 <= len(self.fit.samples) <= 2 and self.fit.plain_samples() < 2:
+            self.last = (None, 0)  # calibration (cold runs only): a plain step's time
+            return self.last
         scores = self.scores(contexts)
         self.last = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         return self.last
@@ -193,22 +221,29 @@ class AutoPolicy:
         return self.last[1]
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None) -> None:
+        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut to nothing by
+        a confidence floor counts as a rejection at its first position (that draft step was paid for)."""
+        requested = requested or drafted
         for member in range(len(drafted)):
             for acc, reached in self.counts[member].values():
                 for i in range(self.n_max):
                     acc[i] *= DECAY
                     reached[i] *= DECAY
-        for member, (n, a) in enumerate(zip(drafted, accepted)):
+        for member, (n, a, r) in enumerate(zip(drafted, accepted, requested)):
             self.history[member].append(n)
+            if source is not None and n == 0 < r and source in self.seen:
+                for acc, reached in (self.counts[member][source], self.seen[source]):
+                    reached[0] += 1
             if source is None or n == 0:
                 continue
             for acc, reached in (self.counts[member][source], self.seen[source]):
                 for i in range(min(n, a + 1, self.n_max)):  # positions past the first rejection were not tested
                     reached[i] += 1
                     acc[i] += i < a
-        if seconds is not None:
-            self.fit.add(source, max(drafted, default=0), seconds)
+        k = max(drafted, default=0)
+        if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
+            self.fit.add(source, k, seconds)
 
     def estimate(self, member: int = 0) -> float | None:
         s, k = self.last

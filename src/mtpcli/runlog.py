@@ -168,16 +168,30 @@ def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
         return None  # an old log without the table, or a damaged one: left untouched
 
 
-def save_costs(key: str, value: dict[str, Any], path: Path | None = None) -> None:
+def update_costs(key: str, settle, path: Path | None = None) -> None:
+    """Read the kept value, settle(value or None) -> the value to keep or None (keep it), write: one transaction,
+    so concurrent runs settle one after another and none loses the other's update."""
     global _warned
     if disabled():
         return
     try:
         con = _connect(path or log_path(), create=True)
         try:
-            with con:
-                con.execute("INSERT INTO costs (key, value, time) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-                            "value = excluded.value, time = excluded.time", (key, json.dumps(value), time.time()))
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
+                try:
+                    current = json.loads(row[0]) if row else None
+                except ValueError:
+                    current = {}  # unreadable: settle() keeps nothing over it unless it can
+                value = settle(current)
+                if value is not None:
+                    con.execute("INSERT INTO costs (key, value, time) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE "
+                                "SET value = excluded.value, time = excluded.time", (key, json.dumps(value), time.time()))
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
         finally:
             con.close()
     except (OSError, sqlite3.Error, UsageError) as e:

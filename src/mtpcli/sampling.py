@@ -52,9 +52,10 @@ def shaped(logits: mx.array, sp: SamplingParams, full: bool = False) -> tuple[mx
             p = mx.where(p >= kth, p, 0.0)
             cand = mx.where(cand >= kth, cand, 0.0)
         mass = sp.top_p * p.sum(-1, keepdims=True)
-        kept = mx.where(mx.cumsum(cand, axis=-1) - cand < mass, cand, mx.inf)
+        cum = mx.cumsum(cand, axis=-1)
+        kept = mx.where(cum - cand < mass, cand, mx.inf)
         p = mx.where(p >= kept.min(axis=-1, keepdims=True), p, 0.0)
-        complete = cand.sum(-1) >= mass[..., 0]  # the nucleus ends inside the candidates
+        complete = cum[..., -1] >= mass[..., 0]  # the nucleus ends inside the candidates (the same sums)
     else:
         if top_k:
             kth = mx.topk(p, top_k, axis=-1).min(axis=-1, keepdims=True) if not full else \

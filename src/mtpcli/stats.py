@@ -134,9 +134,9 @@ class RunStats:
         out.width_trace = self.width_trace + other.width_trace
         out.tpc_trace = self.tpc_trace + other.tpc_trace
         out.source_trace = self.source_trace + other.source_trace
-        out.sources = dict(self.sources)
+        out.sources = {name: SourceStats().merge(st) for name, st in self.sources.items()}  # copies, not aliases
         for name, st in other.sources.items():
-            out.sources[name] = out.sources[name].merge(st) if name in out.sources else st
+            out.sources[name] = out.sources.get(name, SourceStats()).merge(st)
         ttfts = [t for t in (self.ttft_s, other.ttft_s) if t is not None]
         out.ttft_s = min(ttfts) if ttfts else None
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)

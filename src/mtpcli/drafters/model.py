@@ -42,6 +42,11 @@ class ModelDrafter:
         x, valid = np.zeros((B, m), np.int32), np.zeros((B, m), bool)
         for b, p in enumerate(pending):
             x[b, m - len(p):], valid[b, m - len(p):] = p, True
+        step_n = self.lm.prefill_step
+        while x.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks, committed
+            self.lm.forward(mx.array(x[:, :step_n]), valid[:, :step_n], last=True)
+            mx.eval([getattr(c, "state", []) for c in self.lm.caches])
+            x, valid = x[:, step_n:], valid[:, step_n:]
         block = [mx.array(x), valid]
         self.lm.checkpoint()  # recurrent draft models: the state to come back to
 

@@ -28,7 +28,7 @@ class MtpDrafter:
         self.head, self.embed, self.lm_head = head, inner.embed_tokens, lm_head
         self.p_min, self.prefill_step = p_min, prefill_step
         self.cache = KVCache()
-        self.pending: tuple[mx.array, list[int]] | None = None  # committed pairs not yet in the cache
+        self.pending: tuple[list[mx.array], list[int]] | None = None  # committed pairs not yet in the cache
         self._committed = 0  # cache entries that are committed pairs (the rest are speculative)
 
     def add_rows(self, n: int) -> None:
@@ -50,14 +50,20 @@ class MtpDrafter:
                 j = min(i + self.prefill_step, n - 1)
                 self._run(hidden[:, i:j], prompt[i + 1 : j + 1])
                 mx.eval(self.cache.state)
-            self.pending = (hidden[:, n - 1 :], prompt[n : n + 1])
+            self.pending = ([hidden[:, n - 1 :]], prompt[n : n + 1])
         self._committed = self.cache.offset
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, source=None) -> Draft:
         if caps[0] == 0 or self.pending is None:
             return empty([0] * len(caps) if self.pending is None else caps)  # no pair yet: nothing was asked
-        hidden, tokens = self.pending
+        parts, tokens = self.pending
         self.pending = None
+        hidden = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+        step_n = self.prefill_step
+        while hidden.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks
+            self._run(hidden[:, :step_n], tokens[:step_n])
+            mx.eval(self.cache.state)
+            hidden, tokens = hidden[:, step_n:], tokens[step_n:]
         self._committed = self.cache.offset + hidden.shape[1]  # the entries once the pending pairs are fed
         h = None
 
@@ -77,5 +83,4 @@ class MtpDrafter:
         else:  # nothing was proposed: the pending pairs wait with the new ones
             prev_h, prev_t = self.pending
         n = n_accepted[0] + 1
-        h = hidden[:, :n]
-        self.pending = (h if prev_h is None else mx.concatenate([prev_h, h], axis=1), prev_t + contexts[0][-n:])
+        self.pending = ((prev_h or []) + [hidden[:, :n]], prev_t + contexts[0][-n:])  # joined when it drafts
