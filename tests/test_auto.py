@@ -256,3 +256,51 @@ def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):
     eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=60))
     assert run(eng, ids) == plain
     assert eng.stats.sources["ngram"].cycles and eng.stats.sources["model"].cycles
+
+
+# ---- the command line: the kept table, statistics per source -------------------------------------------------
+
+def test_generate_keeps_the_costs_and_reports_every_source(cli, tiny_paths, tmp_path):
+    import json
+
+    docs = []
+    for i in range(2):
+        sj = tmp_path / f"run{i}.json"
+        r = cli("generate", "--model", tiny_paths["target"], "--draft-model", tiny_paths["draft"], "--max-tokens", 60,
+                "--no-chat", "--stats-json", sj, input=b"abcabcabcabc")
+        assert r.returncode == 0, r.stderr.decode()
+        docs.append(json.loads(sj.read_text()))
+    assert docs[0]["settings"]["draft"] == "auto" and docs[0]["auto"]["sources"] == ["ngram", "model"]
+    assert not docs[0]["auto"]["warm"] and docs[1]["auto"]["warm"]  # the second run decides with the kept table
+    assert docs[1]["auto"]["costs"]["plain"] != 1.0  # seconds measured, not the prior's units
+    assert "plain_steps:" in r.stderr.decode() or "source " in r.stderr.decode()
+    r = cli("stats", "--by", "source", "--json")
+    groups = json.loads(r.stdout)
+    # (the tiny draft model is as large as the target, so it never pays: n-gram lookup and plain steps)
+    assert "ngram" in groups and all(g["cycles"] > 0 for g in groups.values())
+    assert sum(g["time_share"] for g in groups.values()) == pytest.approx(1.0)
+    r = cli("stats", "--by", "source")
+    assert r.returncode == 0 and "time_share" in r.stdout.decode()
+
+
+def _settle_add_one(home):
+    import os
+
+    from mtpcli import runlog
+
+    os.environ["XDG_DATA_HOME"] = home
+    for _ in range(5):
+        runlog.update_costs("k", lambda cur: {"n": (cur or {"n": 0})["n"] + 1})
+
+
+def test_concurrent_runs_settle_the_kept_table_one_after_another():
+    import multiprocessing as mp
+    import os
+
+    from mtpcli import runlog
+
+    home = os.environ["XDG_DATA_HOME"]
+    runlog.update_costs("k", lambda cur: {"n": 0})
+    with mp.get_context("spawn").Pool(6) as pool:
+        pool.map(_settle_add_one, [home] * 6)
+    assert runlog.load_costs("k") == {"n": 30}

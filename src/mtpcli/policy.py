@@ -47,8 +47,9 @@ class Costs:
         return self.plain + k * self.per_token.get(source, self.plain)
 
     def prior_accept(self, source: str, n: int) -> list[float]:
+        """Kept acceptance by position; past the positions measured, the deepest one measured (else the prior)."""
         known = self.accept.get(source, [])
-        return [known[i] if i < len(known) else PRIOR_ACCEPT for i in range(n)]
+        return [known[min(i, len(known) - 1)] if known else PRIOR_ACCEPT for i in range(n)]
 
     def to_dict(self) -> dict:
         return {"plain": self.plain, "per_token": dict(self.per_token), "accept": {k: list(v) for k, v in self.accept.items()}}

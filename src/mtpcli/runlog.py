@@ -171,7 +171,6 @@ def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
 def update_costs(key: str, settle, path: Path | None = None) -> None:
     """Read the kept value, settle(value or None) -> the value to keep or None (keep it), write: one transaction,
     so concurrent runs settle one after another and none loses the other's update."""
-    global _warned
     if disabled():
         return
     try:
@@ -194,7 +193,5 @@ def update_costs(key: str, settle, path: Path | None = None) -> None:
                 raise
         finally:
             con.close()
-    except (OSError, sqlite3.Error, UsageError) as e:
-        if not _warned:
-            print(f"mtpcli: warning: cycle costs not kept ({log_path()}): {e}", file=sys.stderr)
-            _warned = True
+    except (OSError, sqlite3.Error, UsageError):
+        pass  # a cache of measurements: the next run measures again (the run log's own warning says the log failed)

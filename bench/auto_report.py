@@ -1,0 +1,52 @@
+"""Tables of bench/auto_policy.py's JSON: per class and temperature, tok/s of every arm, auto's ratio to plain
+decoding and to the best other arm; then over all classes, every arm's tokens over its time.
+
+    python bench/auto_report.py docs/perf/cpu/auto-policy.json > table.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+
+def main() -> None:
+    d = json.load(open(sys.argv[1]))
+    arms = d["config"]["arms"]
+    runs = d["runs"]
+    by = defaultdict(dict)
+    for r in runs:
+        by[(r["temp"], r["class"])][r["arm"]] = r
+    print("| T | class | " + " | ".join(arms) + " | auto / plain | auto / best other | auto's mix (cycles) |")
+    print("|---|---|" + "---|" * (len(arms) + 3))
+    worst_plain, worst_best = 9.0, 9.0
+    for (temp, cls), row in sorted(by.items()):
+        if set(row) != set(arms):
+            continue
+        tps = {a: row[a]["tok_s"] for a in arms}
+        best_other = max((a for a in arms if a != "auto"), key=lambda a: tps[a])
+        rp, rb = tps["auto"] / tps["plain"], tps["auto"] / tps[best_other]
+        worst_plain, worst_best = min(worst_plain, rp), min(worst_best, rb)
+        mix = " ".join(f"{k} {v['cycles']}" for k, v in sorted(row["auto"]["sources"].items()))
+        cells = " | ".join(f"{tps[a]:.2f}" for a in arms)
+        print(f"| {temp:g} | {cls} | {cells} | {rp:.2f}x | {rb:.2f}x ({best_other}) | {mix} |")
+    print()
+    print(f"Worst class: auto / plain {worst_plain:.2f}x, auto / best other arm {worst_best:.2f}x.")
+    print()
+    for temps, label in (((0.0,), "T=0"), ((1.0,), "T=1"), ((0.0, 1.0), "both temperatures")):
+        for held in (False, True, None):
+            pick = [r for r in runs if r["temp"] in temps and
+                    (held is None or r["class"].startswith("held-out") == held)]
+            if not pick:
+                continue
+            tot = {a: sum(r["steady_tokens"] for r in pick if r["arm"] == a) /
+                   max(sum(r["steady_s"] for r in pick if r["arm"] == a), 1e-9) for a in arms}
+            fixed = max((a for a in arms if a != "auto"), key=lambda a: tot[a])
+            which = {False: "shipped classes", True: "held-out prompts", None: "all prompts"}[held]
+            print(f"- {label}, {which}: " + ", ".join(f"{a} {tot[a]:.2f}" for a in arms) +
+                  f" tok/s; auto / best single arm ({fixed}) = {tot['auto'] / tot[fixed]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
