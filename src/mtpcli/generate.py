@@ -114,7 +114,7 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
 
     if v["draft"] == "auto":
         names = auto_sources(s, target)
-        if batch_size > 1 and len(names) > 1 and "mtp" in names:
+        if "mtp" in names and len(names) > 1 and batch_size > 1 and not _one_row(target):
             names.remove("mtp")  # MTP heads draft one row at a time: several rows go without them (--draft mtp)
         drafter = AutoDrafter({k: source(k) for k in names})
         controller = auto_policy(s, target, draft, drafter)
@@ -125,6 +125,15 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
     if v["draft"] == "auto":
         use_kept_costs(controller, costs_key(s, engine.batch_size))
     return engine
+
+
+def _one_row(target: models.Loaded) -> bool:
+    """A target whose cache decodes one row at a time anyway (recurrent or opaque layers)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .cache import layer_kind
+
+    return any(layer_kind(c) in ("state", "native") for c in make_prompt_cache(target.model))
 
 
 def _params(model) -> int:
@@ -362,7 +371,7 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
             err(f"mtpcli: row {c.index}: {c.item.error}")
     longest = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
     size = batch_size or default_batch_size(target.config, max(len(requests), 1), longest)
-    engine = build_engine(s, target, draft, size)
+    engine = build_engine(s, target, draft, min(size, max(len(requests), 1)))
     law = engine.cfg.law
     blas_hint(quiet)
     if law == "typical":

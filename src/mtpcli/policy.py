@@ -30,16 +30,18 @@ PRIOR_WEIGHT = 1.5  # ... worth this many observations
 EXPLORE = 0.3  # optimism added to a position's acceptance, / sqrt(1 + times it was reached)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
+VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
 
 
 @dataclass
 class Costs:
     """Cycle time model: plain seconds + k * per_token[source] seconds; and each source's acceptance by position
-    (the prior of a row's estimates; missing: PRIOR_ACCEPT)."""
+    with the number of times each position was reached (the prior of a row's estimates)."""
 
     plain: float
     per_token: dict[str, float]
     accept: dict[str, list[float]] = field(default_factory=dict)
+    visits: dict[str, list[float]] = field(default_factory=dict)
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
@@ -47,47 +49,68 @@ class Costs:
         return self.plain + k * self.per_token.get(source, self.plain)
 
     def prior_accept(self, source: str, n: int) -> list[float]:
-        """Kept acceptance by position; past the positions measured, the deepest one measured (else the prior)."""
-        known = self.accept.get(source, [])
-        return [known[min(i, len(known) - 1)] if known else PRIOR_ACCEPT for i in range(n)]
+        """Kept acceptance by position, shrunk towards PRIOR_ACCEPT by how rarely it was seen; past the positions
+        kept, the deepest one seen 30 times or more (else PRIOR_ACCEPT)."""
+        acc, vis = self.accept.get(source, []), self.visits.get(source, [])
+        vis = vis + [30.0] * (len(acc) - len(vis))  # a table kept without counts: trusted as well measured
+        out, deep = [], PRIOR_ACCEPT
+        for i in range(n):
+            if i < len(acc):
+                out.append((acc[i] * vis[i] + PRIOR_ACCEPT * 5) / (vis[i] + 5))
+                deep = acc[i] if vis[i] >= 30 else deep
+            else:
+                out.append(deep)
+        return out
 
     def to_dict(self) -> dict:
-        return {"plain": self.plain, "per_token": dict(self.per_token), "accept": {k: list(v) for k, v in self.accept.items()}}
+        return {"plain": self.plain, "per_token": dict(self.per_token),
+                "accept": {k: list(v) for k, v in self.accept.items()},
+                "visits": {k: list(v) for k, v in self.visits.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
         plain = float(d["plain"])
         per = {str(k): float(v) for k, v in d["per_token"].items()}
         accept = {str(k): [float(x) for x in v] for k, v in (d.get("accept") or {}).items()}
+        visits = {str(k): [float(x) for x in v] for k, v in (d.get("visits") or {}).items()}
         if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in per.values())):
             raise ValueError("non-positive or non-finite cost")
         if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
             raise ValueError("an acceptance outside [0, 1]")
-        return cls(plain, per, accept)
+        return cls(plain, per, accept, visits)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
-        """What to keep after a run measured `measured` (only the figures it measured: the sources it drafted
-        with, the positions it reached often enough): this table while every measured figure is within
-        `tolerance` of it (0.1 for an acceptance), so outputs of the same seed stay the same; else the mean of
-        both where both exist, the measured figure where only it does, this table's elsewhere."""
+        """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
+        positions it reached at least 4 times). This table while every measured figure agrees with it: a cost
+        within `tolerance` (of at least a tenth of a plain step), an acceptance within two standard errors of this
+        run's count (at least 0.1) on a position already kept, so the same seed gives the same output next time.
+        Else a merge: costs halfway, acceptance weighted by counts (capped at VISITS_CAP, so it keeps moving)."""
         old, new = self.per_token, measured.per_token
         pairs = [(self.plain, measured.plain)] + [(old[k], new[k]) for k in new if k in old]
-        acc_pairs = [(self.accept[k][i], x) for k, xs in measured.accept.items() for i, x in enumerate(xs)
-                     if i < len(self.accept.get(k, []))]
-        if all(abs(a - b) <= tolerance * max(a, 0.02 * self.plain) for a, b in pairs) and \
-                all(abs(a - b) <= 0.1 for a, b in acc_pairs) and set(new) <= set(old) and \
-                all(len(xs) <= len(self.accept.get(k, [])) for k, xs in measured.accept.items()):
+        same = set(new) <= set(old) and all(abs(a - b) <= tolerance * max(a, 0.1 * self.plain) for a, b in pairs)
+        for k, xs in measured.accept.items():
+            mine, seen = self.accept.get(k, []), measured.visits.get(k, [])
+            for i, x in enumerate(xs):
+                r = seen[i] if i < len(seen) else 4.0
+                if i >= len(mine) or abs(mine[i] - x) > max(0.1, 2 * math.sqrt(max(x * (1 - x), 0.01) / r)):
+                    same = False
+        if same:
             return self
         per = {**old, **{k: (old[k] + v) / 2 if k in old else v for k, v in new.items()}}
         accept = {k: list(v) for k, v in self.accept.items()}
+        visits = {k: list(self.visits.get(k, [])) + [30.0] * (len(v) - len(self.visits.get(k, [])))
+                  for k, v in self.accept.items()}
         for k, xs in measured.accept.items():
-            mine = accept.setdefault(k, [])
+            acc, vis = accept.setdefault(k, []), visits.setdefault(k, [])
             for i, x in enumerate(xs):
-                if i < len(mine):
-                    mine[i] = (mine[i] + x) / 2
+                r = measured.visits.get(k, [4.0] * len(xs))[i]
+                if i < len(acc):
+                    acc[i] = (acc[i] * vis[i] + x * r) / (vis[i] + r)
+                    vis[i] = min(vis[i] + r, VISITS_CAP)
                 else:
-                    mine.append(x)
-        return Costs((self.plain + measured.plain) / 2, per, accept)
+                    acc.append(x)
+                    vis.append(min(r, VISITS_CAP))
+        return Costs((self.plain + measured.plain) / 2, per, accept, visits)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -103,39 +126,57 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 @dataclass
 class CostFit:
     """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior (in
-    seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step)."""
+    seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step). The
+    first cycle (compilation, cold caches) is left out; plain steps are also kept apart, so that a long run's
+    window of drafting cycles never loses the intercept; a cycle slower than twice the first fit's line (a source
+    catching up on a long backlog) is left out of the second."""
 
     prior: Costs
     known: bool = False
     samples: list[tuple[str | None, int, float]] = field(default_factory=list)
+    plains: list[float] = field(default_factory=list)
+    first: bool = True
 
     def add(self, source: str | None, k: int, seconds: float) -> None:
+        if self.first:
+            self.first = False
+            return
         self.samples.append((source if k else None, k, seconds))
         del self.samples[:-WINDOW]
+        if not k:
+            self.plains.append(seconds)
+            del self.plains[:-64]
 
     def plain_samples(self) -> int:
-        return sum(s is None for s, _, _ in self.samples[1:])
+        return len(self.plains)
 
-    def result(self, accept: dict[str, list[float]] | None = None) -> Costs | None:
+    def cycles(self) -> int:
+        return len(self.samples) + (not self.first)
+
+    def result(self, accept: dict[str, list[float]] | None = None,
+               visits: dict[str, list[float]] | None = None) -> Costs | None:
         import numpy as np
 
-        pts = self.samples[1:]  # the first cycle pays for compilation and warm caches
+        pts = self.samples
         if len(pts) < 4:
             return None
         names = sorted(self.prior.per_token)
-        plains = [t for s, _, t in pts if s is None]
         # the line's intercept is a plain step: measured, else the kept one, else no cycle is faster than it
-        plain = float(np.median(plains)) if plains else self.prior.plain if self.known else min(t for *_, t in pts)
-        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
-        y = np.array([t for _, _, t in pts])
+        plain = float(np.median(self.plains)) if self.plains else \
+            self.prior.plain if self.known else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
-        reg = np.sqrt([8.0 if self.known else 2.0] + [2.0] * len(names))  # worth this many samples
+        reg = np.sqrt([8.0 if self.known or self.plains else 2.0] + [2.0] * len(names))  # worth this many samples
         px = np.diag(reg)
         py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names])
-        coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
+        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
+        y = np.array([t for _, _, t in pts])
+        for _ in range(2):
+            coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
+            keep = y <= 2 * np.maximum(x @ coef, 1e-9)
+            x, y = x[keep], y[keep]
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
         return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
-                     dict(accept or {}))
+                     dict(accept or {}), dict(visits or {}))
 
 
 class AutoPolicy:
@@ -145,7 +186,7 @@ class AutoPolicy:
                  available: Callable[[str, list, int], list[int] | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step. A cold run takes plain
-        steps at its 2nd and 3rd cycles unless it took some anyway: the intercept of the time line it keeps."""
+        steps at its 2nd to 4th cycles unless it took some anyway: the intercept of the time line it keeps."""
         if n_max < 1:
             raise ValueError(f"n_max must be >= 1 (got {n_max})")
         self.sources, self.n_max, self.costs, self.available = list(sources), n_max, costs, available
@@ -187,12 +228,12 @@ class AutoPolicy:
 
     def measured(self) -> Costs | None:
         """This run's cycle costs and acceptance by position (positions reached at least 4 times)."""
-        accept = {}
+        accept, visits = {}, {}
         for s, (acc, reached) in self.seen.items():
-            known = [a / r for a, r in zip(acc, reached) if r >= 4]
+            known = [(a / r, r) for a, r in zip(acc, reached) if r >= 4]
             if known:
-                accept[s] = known
-        return self.fit.result(accept)
+                accept[s], visits[s] = [a for a, _ in known], [r for _, r in known]
+        return self.fit.result(accept, visits)
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
         B = len(contexts)
@@ -211,7 +252,7 @@ class AutoPolicy:
 
     # ---- the controller API --------------------------------------------------------------------------
     def plan(self, contexts: list) -> tuple[str | None, int]:
-        if not self.warm and 1 <= len(self.fit.samples) <= 2 and self.fit.plain_samples() < 2:
+        if not self.warm and 1 <= self.fit.cycles() <= 3 and self.fit.plain_samples() < 3:
             self.last = (None, 0)  # calibration (cold runs only): a plain step's time
             return self.last
         scores = self.scores(contexts)
