@@ -183,9 +183,14 @@ def test_recurrent_targets_and_mtp_fall_back_to_one_after_another(cli, tmp_path)
 
     heads = make_mtp_model(tmp_path / "ds", "deepseek_v3")
     r = cli("generate", "-m", str(heads), "--prompts-jsonl", str(src), "--format", "jsonl", "--max-tokens", "8",
-            "--no-chat", "-q")
+            "--no-chat", "-q", "--draft", "mtp")
     assert r.returncode == 0, r.stderr.decode()
     assert "MTP heads" in r.stderr.decode() and [row["index"] for row in _rows(r.stdout)] == [0, 1]
+    # draft = auto leaves the one-row MTP heads out when several rows decode together: one batch, no note
+    r = cli("generate", "-m", str(heads), "--prompts-jsonl", str(src), "--format", "jsonl", "--max-tokens", "8",
+            "--no-chat", "-q")
+    assert r.returncode == 0 and "one after another" not in r.stderr.decode()
+    assert [row["index"] for row in _rows(r.stdout)] == [0, 1]
 
 
 def test_batch_flags_and_fields_are_documented(cli, tiny_paths, tmp_path):

@@ -77,7 +77,8 @@ def test_json_and_jsonl_and_stats_json(gen, tiny_paths, tmp_path):
                 "prefill_tps", "decode_tps", "ttft_s", "peak_memory_bytes"):
         assert key in stats
     assert stats["settings"]["law"] == "exact" and stats["settings"]["seed"] == 3
-    assert stats["settings"]["draft"] == "model" and stats["settings"]["temp"] == 1.0
+    assert stats["settings"]["draft"] == "auto" and stats["settings"]["temp"] == 1.0
+    assert stats["auto"]["sources"] == ["ngram", "model"]  # the policy over every source the run has
     rows = gen("--format", "jsonl", "-n", 3, "--temp", "1", "-q").stdout.decode().splitlines()
     assert [json.loads(x)["index"] for x in rows] == [0, 1, 2]
     assert all("stats" in json.loads(x) for x in rows)

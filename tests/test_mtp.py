@@ -155,16 +155,18 @@ def test_cli_draft_sources(ckpt, cli, tiny_paths):
     r = cli("models", "inspect", str(with_heads))
     assert r.returncode == 0 and "mtp (Qwen3-Next/Qwen3.5 layout, 1 layer" in r.stdout.decode()
     assert "mtp" not in cli("models", "inspect", str(ckpt("qwen3_5", heads=False))).stdout.decode().split("sources:")[1]
-    # auto picks the heads when the checkpoint has them, n-gram lookup otherwise
+    # auto drafts with the heads when the checkpoint has them, beside n-gram lookup
     import json
 
     r = cli("generate", "-m", str(with_heads), "--prompt", "abc", "-n", "1", "--max-tokens", "8", "--no-chat",
             "--format", "json", "-q")
     assert r.returncode == 0, r.stderr.decode()
-    assert json.loads(r.stdout)["settings"]["draft"] == "mtp"
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["draft"] == "auto" and doc["auto"]["sources"] == ["ngram", "mtp"]
     r = cli("generate", "-m", str(tiny_paths["target"]), "--prompt", "abc", "--max-tokens", "8", "--no-chat",
             "--format", "json", "-q")
-    assert json.loads(r.stdout)["settings"]["draft"] == "ngram"
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["draft"] == "auto" and doc["auto"]["sources"] == ["ngram"]
     # --draft mtp on a checkpoint without heads: one line, non-zero exit
     r = cli("generate", "-m", str(tiny_paths["target"]), "--prompt", "abc", "--draft", "mtp", "--no-chat")
     err = r.stderr.decode().strip()

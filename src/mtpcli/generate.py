@@ -409,7 +409,8 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     if v["format"] == "json":
         doc = completions[0].row(False) if "batch" not in record else {
             "completions": [c.row(not single) for c in completions], "stats": total.to_dict(), "batch": record["batch"]}
-        output.write(json.dumps({**doc, "settings": record["settings"]}) + "\n")
+        output.write(json.dumps({**doc, "settings": record["settings"],
+                                 **({"auto": record["auto"]} if "auto" in record else {})}) + "\n")
     if output.closed:
         status = EXIT_PIPE
     b = record.get("batch")
