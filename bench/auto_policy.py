@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--temps", default="0,1")
+    ap.add_argument("--classes", default="", help="only classes whose name contains one of these (comma-separated)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -52,7 +53,7 @@ def main() -> None:
 
     target = models.load(args.target, "target model")
     draft = models.load(args.draft, "draft model")
-    items = prompts()
+    items = [it for it in prompts() if not args.classes or any(c in it[0] for c in args.classes.split(","))]
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "arms": [a for a, _, _ in ARMS], "argv": sys.argv}, "runs": []}
 
