@@ -32,12 +32,9 @@ class SourceStats:
         _count_positions(self.reached, self.accepted_at, drafted, accepted)
 
     def merge(self, other: "SourceStats") -> "SourceStats":
-        n = max(len(self.reached), len(other.reached))
-        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
         return SourceStats(self.cycles + other.cycles, self.drafted + other.drafted, self.accepted + other.accepted,
                            self.committed + other.committed, self.seconds + other.seconds,
-                           [a + b for a, b in zip(pad(self.reached), pad(other.reached))],
-                           [a + b for a, b in zip(pad(self.accepted_at), pad(other.accepted_at))])
+                           _add(self.reached, other.reached), _add(self.accepted_at, other.accepted_at))
 
     def to_dict(self, total_s: float) -> dict[str, Any]:
         return {"cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
@@ -54,6 +51,12 @@ class SourceStats:
         return cls(d.get("cycles", 0), d.get("drafted", 0), d.get("accepted", 0), d.get("committed", 0),
                    d.get("seconds", 0.0), reached,
                    [round(a * r) for a, r in zip(d.get("accept_by_position", []), reached)])
+
+
+def _add(xs: list[int], ys: list[int]) -> list[int]:
+    """Per-position sums of two counts of different lengths."""
+    n = max(len(xs), len(ys))
+    return [a + b for a, b in zip(xs + [0] * (n - len(xs)), ys + [0] * (n - len(ys)))]
 
 
 def _count_positions(reached: list[int], accepted_at: list[int], drafted: int, accepted: int) -> None:
@@ -125,10 +128,8 @@ class RunStats:
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
-        n = max(len(self.reached), len(other.reached))
-        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
-        out.reached = [a + b for a, b in zip(pad(self.reached), pad(other.reached))]
-        out.accepted_at = [a + b for a, b in zip(pad(self.accepted_at), pad(other.accepted_at))]
+        out.reached = _add(self.reached, other.reached)
+        out.accepted_at = _add(self.accepted_at, other.accepted_at)
         out.accept_lengths = self.accept_lengths + other.accept_lengths
         out.draft_widths = self.draft_widths + other.draft_widths
         out.width_trace = self.width_trace + other.width_trace
