@@ -66,6 +66,8 @@ def generate(
     n_min: Optional[int] = _opt("n_min"),
     n_max: Optional[int] = _opt("n_max"),
     p_min: Optional[float] = _opt("p_min"),
+    history: Optional[bool] = _bool_opt("history", "--no-history"),
+    history_max_mb: Optional[float] = _opt("history_max_mb"),
     ngram_min: Optional[int] = _opt("ngram_min"),
     ngram_max: Optional[int] = _opt("ngram_max"),
     ema_alpha: Optional[float] = _opt("ema_alpha"),
@@ -80,7 +82,7 @@ def generate(
     stats_json: Optional[str] = typer.Option(None, "--stats-json", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the statistics table on stderr."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash)."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
