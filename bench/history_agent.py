@@ -1,17 +1,19 @@
 """The history drafter on an agent-like workload: three templates (a tool-call JSON with different arguments, a
 Python module re-emitted with one class renamed, a form letter with different fields), 20 prompts each
-(bench/history_agent/templates.jsonl), run twice in sequence with the history on, at T = 0, on one target and draft
-pair; then a novel-text control set (control.jsonl) that nothing in the history answers.
+(bench/history_agent/templates.jsonl), run twice in sequence with the history on, at T = 0; then a novel-text
+control set (control.jsonl) that nothing in the history answers. The draft model is given to the `model` arm only:
+the history and n-gram arms differ by the history alone.
 
 Arms (one process, models loaded once; every run is a fresh engine, as one `mtpcli generate` call would be):
-  history  draft = auto over n-gram lookup, the draft model and the history (--history; the store is read before
-           each run and the run's output appended after it, through history.Store as the CLI does)
-  ngram    draft = auto over n-gram lookup alone (no draft model, no history)
+  history  draft = auto over n-gram lookup and the history (--history; the store is read before each run and the
+           run's output appended after it, through history.Store as the CLI does)
+  ngram    draft = auto over n-gram lookup alone (no history)
+  model    draft = auto over n-gram lookup and the draft model (no history): the default with a draft model
   plain    --draft none
 Pass 1 runs `history` on every template prompt (templates interleaved: tool call, module, letter, tool call, ...).
-Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram` and
-`plain`, interleaved (history, ngram, plain on one prompt, then the next). The control set then runs all three
-arms on each prompt, with the history holding both passes. tok/s is decode speed after the first token.
+Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram`,
+`model` and `plain`, interleaved (history, ngram, model, plain on one prompt, then the next). The control set then
+runs every arm on each prompt, with the history holding both passes. tok/s is decode speed after the first token.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 XDG_DATA_HOME=$(mktemp -d) \
         python bench/history_agent.py TARGET DRAFT OUT.json [--max-tokens 48] [--every 4]
@@ -55,7 +57,8 @@ def main() -> None:
         seen: dict[str, int] = {}
         templates = [t for t in templates if seen.setdefault(t["template"], 0) < args.limit
                      and not seen.__setitem__(t["template"], seen[t["template"]] + 1)]
-    arms = {"history": {"history": True}, "ngram": {"draft_model": None}, "plain": {"draft": "none"}}
+    arms = {"history": {"history": True, "draft_model": None}, "ngram": {"draft_model": None}, "model": {},
+            "plain": {"draft": "none"}}
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "every": args.every, "argv": sys.argv}, "runs": []}
 
@@ -102,7 +105,7 @@ def main() -> None:
     tune = encode_prompt(target.tokenizer, "Write a Python function that merges two sorted lists.", None, None)
     for arm in arms:  # warm-up: compile, page the weights in (history off: nothing stored)
         one(settings({**arms[arm], "history": False}, 6), tune)
-    for arm in ("history", "ngram"):  # calibration: this machine's cycle costs, as a user's first run stores them
+    for arm in ("history", "ngram", "model"):  # calibration: this machine's cycle costs, as a user's first run stores them
         one(settings({**arms[arm], "history": False}, 32), tune)
 
     for phase in ("pass1", "pass2"):
@@ -112,8 +115,8 @@ def main() -> None:
             counts[item["template"]] = i + 1
             record(phase, item, "history")
             if phase == "pass2" and i % args.every == 0:
-                record(phase, item, "ngram")
-                record(phase, item, "plain")
+                for arm in ("ngram", "model", "plain"):
+                    record(phase, item, arm)
     for item in control:
         for arm in arms:
             record("control", item, arm)

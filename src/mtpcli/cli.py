@@ -20,7 +20,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 profile_app = typer.Typer(no_args_is_help=True, help="List, show, choose and validate TOML profiles.")
 models_app = typer.Typer(no_args_is_help=True, help="Known model aliases, the model cache, and checkpoints.")
 app.add_typer(profile_app, name="profile")
+history_app = typer.Typer(no_args_is_help=True, help="The history store that the history drafter drafts from (--history).")
 app.add_typer(models_app, name="models")
+app.add_typer(history_app, name="history")
 
 _global = {"profile": None}
 
@@ -231,6 +233,59 @@ def bench_cmd(
         print(json.dumps(result))
     else:
         b.render(result)
+
+
+# ---- history -----------------------------------------------------------------------------------
+
+@history_app.command("stats")
+def history_stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Size of the store per tokenizer, and what its drafts gave the logged runs."""
+    from . import report
+
+    report.history_stats(as_json)
+
+
+@history_app.command("clear")
+def history_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+    """Delete every kept output (asks on a terminal; --yes otherwise)."""
+    from . import history
+
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("history clear needs --yes when not run from a terminal")
+        if not typer.confirm(f"Delete every output kept in {history.store_path()}?", err=True):
+            raise typer.Exit(1)
+    print(f"history: {history.clear()} outputs deleted", file=sys.stderr)
+
+
+@history_app.command("export")
+def history_export(text: bool = typer.Option(False, "--text", help="Add the decoded text (loads each model's tokenizer).")):
+    """Every kept output as JSON lines on stdout, oldest first: token ids (and the prompt's where kept)."""
+    import json
+
+    from . import history
+
+    tokenizers: dict = {}
+    for doc in history.export():
+        if text:
+            if doc["model"] not in tokenizers:
+                tokenizers[doc["model"]] = _tokenizer(doc["model"])
+            tok = tokenizers[doc["model"]]
+            doc["text"] = tok.decode(doc["output"]) if tok else None
+        print(json.dumps(doc))
+
+
+def _tokenizer(model: str):
+    from mlx_lm.utils import load_tokenizer
+
+    from . import models
+
+    try:
+        path = models.resolve(model)
+        return load_tokenizer(path) if not isinstance(path, str) else None
+    except Exception as e:  # noqa: BLE001 - the ids are still exported
+        print(f"mtpcli: warning: no tokenizer for {model} ({e}); its outputs have text null", file=sys.stderr)
+        return None
 
 
 # ---- models ------------------------------------------------------------------------------------
