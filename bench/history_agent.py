@@ -72,8 +72,10 @@ def main() -> None:
         return s
 
     def one(s, ids):
+        t_open = time.perf_counter()
         store = open_history(s, target)
         engine = build_engine(s, target, draft if s.values["draft_model"] else None, store=store)
+        hist = getattr(engine.drafter, "sources", {}).get("history")
         tokens, first = [], None
         t0 = time.perf_counter()
         for ev in engine.generate([Request(0, ids, s.values["max_tokens"], 0)]):
@@ -85,14 +87,15 @@ def main() -> None:
             store.add(ids, tokens)
             store.save()
         remember_costs(engine)
-        return engine.stats.to_dict(), tokens, (len(tokens) - first[0], end - first[1]), end - t0
+        return (engine.stats.to_dict(), tokens, (len(tokens) - first[0], end - first[1]), end - t0,
+                {"setup_s": t0 - t_open, "history_load_s": hist.load_s if hist else None})
 
     def record(phase, item, arm):
         ids = encode_prompt(target.tokenizer, item["prompt"], None, None)
-        d, toks, steady, wall = one(settings(arms[arm]), ids)
+        d, toks, steady, wall, setup = one(settings(arms[arm]), ids)
         rec = {"phase": phase, "template": item["template"], "prompt": item["name"], "arm": arm, "tokens": toks,
                "text": target.tokenizer.decode(toks), "steady_tokens": steady[0], "steady_s": steady[1],
-               "tok_s": steady[0] / steady[1] if steady[1] > 0 else 0.0, "wall_s": wall,
+               "tok_s": steady[0] / steady[1] if steady[1] > 0 else 0.0, "wall_s": wall, **setup,
                "tokens_per_cycle": d["tokens_per_cycle"], "acceptance_rate": d["acceptance_rate"],
                "sources": d["sources"], "width_hist": d["draft_width_hist"]}
         results["runs"].append(rec)

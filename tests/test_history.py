@@ -13,7 +13,8 @@ import pytest
 
 from mtpcli import history
 from mtpcli.drafters import Draft
-from mtpcli.drafters.history import OUT, Corpus, HistoryDrafter, continuation
+from mtpcli.drafters import history as hd
+from mtpcli.drafters.history import OUT, Corpus, HistoryDrafter, Own, continuation, match_lengths
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.history import Doc, Store
 from mtpcli.sampling import SamplingParams
@@ -82,6 +83,41 @@ def test_a_kept_prompt_lengthens_the_match():
     assert continuation([], np.array([1, OUT]), 4) == []
 
 
+def test_a_match_never_counts_past_the_start_of_the_context():
+    own = Own([5, 7, 9])
+    own.sync([5, 7, 9, 5, 7])  # the answer so far repeats the prompt's start
+    assert match_lengths(own.tokens, np.array([1]), own.tokens).tolist() == [2]
+
+
+def test_an_old_long_match_is_found_behind_many_recent_short_ones():
+    old = doc([40, 41, 42, 43, 44, 45, 1, 2, 48, 49])
+    noise = [doc([7, 1, 2, 9, 3]) for _ in range(hd.CANDIDATES)]  # (1, 2) then 9, more often than looked at
+    assert draft_for(store_of(old, *noise), [0], [42, 43, 44, 45, 1, 2])[:2] == [48, 49]
+    assert draft_for(store_of(old, *noise), [0], [7, 1, 2])[:1] == [9]
+
+
+def test_a_narrow_draft_is_the_start_of_the_wide_one_even_from_the_memo():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        docs = [doc(rng.integers(0, 5, rng.integers(3, 30)).tolist()) for _ in range(rng.integers(1, 8))]
+        prompt, out = rng.integers(0, 5, 4).tolist(), rng.integers(0, 5, rng.integers(0, 6)).tolist()
+        d = HistoryDrafter(store_of(*docs))
+        d.add_rows(1)
+        d.start(0, prompt)
+        wide = d.available([prompt + out], 16)[0]
+        for k in (1, 3, 16):
+            narrow = d.propose([prompt + out], [k], None, [None]).lengths[0]
+            assert narrow == min(k, wide)
+            assert draft_for(store_of(*docs), prompt, out, k) == draft_for(store_of(*docs), prompt, out, 16)[:k]
+
+
+def test_ids_past_the_targets_vocabulary_end_a_draft():
+    d = HistoryDrafter(store_of(*[doc([5, 6, 700, 8])] * 3), vocab=100)
+    d.add_rows(1)
+    d.start(0, [1])
+    assert d.lookup(0, [1, 5], 8) == [6]
+
+
 # ---- the engine: exactness and greedy identity ------------------------------------------------------------------
 
 def run_with_history(target, store, ids, sp, n, max_tokens, seed=0, batch_size=1, drafter_cls=HistoryDrafter,
@@ -111,6 +147,35 @@ def test_greedy_with_the_history_is_token_identical_to_plain_decoding(tiny):
         assert eng.stats.accepted > 20  # it drafted from the history, and the drafts were taken
 
 
+def test_a_batch_under_auto_with_answers_shared_mid_run_is_greedy_identical(tiny):
+    """Several prompts as one batch under draft = auto (n-gram lookup and the history), each finished answer drafting
+    for the rows still running, rows refilled and dropped: every row gets plain decoding's tokens."""
+    from mtpcli.drafters.auto import AutoDrafter
+    from mtpcli.drafters.ngram import NgramDrafter
+    from mtpcli.policy import AutoPolicy, Costs
+
+    target, _ = tiny
+    prompts = ["def fib(n):", "the sea is ", "abcabcab", "def fib(n):", "x = 1\ny = ", "the sea is "]
+    ids = [list(target.tokenizer.encode(p)) for p in prompts]
+    lengths = [30, 44, 25, 50, 37, 41]
+    want = []
+    for i, n in zip(ids, lengths):
+        plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=n))
+        want.append([t for ev in plain.generate([Request(0, i, n, 0)]) for t in ev.tokens])
+    store = store_of(doc(want[1][:20]))
+    drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "history": HistoryDrafter(store)})
+    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.available,
+                     warm=True)
+    eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=50), batch_size=3)
+    outs = [[] for _ in prompts]
+    for ev in eng.generate([Request(r, i, n, 0) for r, (i, n) in enumerate(zip(ids, lengths))]):
+        outs[ev.request].extend(ev.tokens)
+        if ev.finish_reason:
+            store.add(ids[ev.request], outs[ev.request])
+    assert outs == want
+    assert eng.stats.sources["history"].accepted > 30  # repeated prompts drafted from earlier rows' answers
+
+
 def sampled_history(tiny, sp, drafter_cls=HistoryDrafter):
     """2,500 completions of 3 tokens, 250 rows at a time, drafting from a history of earlier samples (and from
     each other as they finish)."""
@@ -137,13 +202,13 @@ class VotesAsQ(HistoryDrafter):
     """NOT exact: it reports a made-up draft distribution q (half its mass on the drafted token), though the draft was
     not drawn from it."""
 
-    vocab = 0  # the target's output size
+    size = 0  # the target's output size
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         d = super().propose(contexts, caps, sp, keys)
         if d.k == 0:
             return d
-        V = self.vocab
+        V = self.size
         q = mx.full((len(caps), d.k, V), 0.5 / (V - 1))
         onehot = (mx.arange(V) == d.tokens[..., None])
         return Draft(d.tokens, mx.where(onehot, 0.5, q), d.lengths, d.requested)
@@ -152,7 +217,7 @@ class VotesAsQ(HistoryDrafter):
 def test_negative_control_a_history_drafter_with_a_made_up_q_fails(tiny):
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
-    VotesAsQ.vocab = target.model(mx.array([[0]])).shape[-1]
+    VotesAsQ.size = target.model(mx.array([[0]])).shape[-1]
     ids, first, second, _ = sampled_history(tiny, sp, drafter_cls=VotesAsQ)
     p1, p2 = target_marginals(target, ids, sp)
     assert not (fits(np.bincount(first, minlength=len(p1)), p1) and fits(np.bincount(second, minlength=len(p1)), p2))
@@ -193,6 +258,29 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
         assert p.exitcode == 0
     got = {tuple(d.output.tolist()) for d in Store("tok", path=path).load().docs}
     assert got == {(w, i, j) for w in (1, 2) for i in range(5) for j in range(40)}
+
+
+def _write_capped(path, worker):
+    for i in range(10):
+        s = Store("tok", path=Path(path), cap_bytes=4 * 3 * 50)  # 50 documents of 3 ids
+        for j in range(20):
+            s.add([0], [worker, i, j])
+        s.save()
+
+
+def test_concurrent_writers_under_a_cap_keep_exactly_the_newest(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "h.sqlite"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_write_capped, args=(str(path), w)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    ids = [r[0] for r in sqlite3.connect(path).execute("SELECT id FROM docs ORDER BY id")]
+    assert len(ids) == 50 and ids == list(range(401 - 50, 401))  # 400 written, the newest 50 kept, no gap
 
 
 def test_the_size_cap_holds_and_the_oldest_go_first(tmp_path):
@@ -280,6 +368,15 @@ def test_a_corrupt_store_never_fails_a_run(cli, tiny_paths, tmp_path):
     assert b"unreadable" in r.stderr and (data / "history.sqlite").read_bytes() == b"garbage" * 50
     r = cli("history", "stats")
     assert r.returncode != 0 and b"unreadable" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_log_prompts_keeps_the_prompt_and_draft_history_cannot_run_without_it(cli, tiny_paths):
+    model = str(tiny_paths["target"])
+    _gen(cli, model, "--history", "--log-prompts")
+    (row,) = [json.loads(line) for line in cli("history", "export").stdout.decode().splitlines()]
+    assert row["prompt"] and row["output"]
+    r = cli("generate", "-m", model, "-p", "abc", "--draft", "history", "--no-history")
+    assert r.returncode == 2 and b"--draft history needs the history" in r.stderr and not r.stdout
 
 
 def test_agent_json_turns_the_history_on_and_the_readme_documents_it():

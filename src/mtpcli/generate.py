@@ -80,6 +80,8 @@ def settle_draft(s: Settings, target: models.Loaded) -> None:
     on, else n-gram lookup. --draft history turns the history on."""
     v = s.values
     if v["draft"] == "history":
+        if v["history"] is False and s.origins.get("history", "default") != "default":
+            raise UsageError(f"--draft history needs the history, but history is off ({s.origins['history']})")
         v["history"] = True
     if v["draft"] == "auto" and (v["adaptive"] or s.origins.get("num_draft_tokens", "default") != "default"):
         v["draft"] = ("model" if v["draft_model"] else "mtp" if models.has_mtp(target) else
@@ -101,14 +103,14 @@ def load_models(s: Settings) -> tuple[models.Loaded, models.Loaded | None]:
 
 
 def open_history(s: Settings, target: models.Loaded, keep_prompts: bool = False):
-    """The history store of this tokenizer (history.Store), read once; None when the history is off."""
+    """The history store of this tokenizer (history.Store; the history drafter reads it); None when it is off."""
     from . import history
 
     v = s.values
     if not v["history"]:
         return None
     return history.Store(history.tokenizer_key(target.tokenizer), str(v["model"]),
-                         int(v["history_max_mb"] * (1 << 20)), keep_prompts).load()
+                         max(1, int(v["history_max_mb"] * (1 << 20))), keep_prompts)
 
 
 def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1,
@@ -131,7 +133,7 @@ def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None
         if kind == "ngram":
             return NgramDrafter(v["ngram_min"], v["ngram_max"])
         if kind == "history":
-            return HistoryDrafter(store)
+            return HistoryDrafter(store, models.output_size(target))
         if kind == "mtp":
             return MtpDrafter(models.mtp_head(target), target.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
         return ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -70,11 +71,14 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
     """Open the store; StoreError if it is not one (it is then left as it is)."""
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():  # generated text: readable by its owner only
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     try:
         con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         con.execute("PRAGMA busy_timeout = 30000")
         if create:
             con.execute("PRAGMA journal_mode = WAL")
+            con.execute("PRAGMA journal_size_limit = 4194304")
             con.executescript(SCHEMA)
         con.execute("SELECT count(*) FROM docs").fetchone()
         return con
@@ -88,17 +92,20 @@ class Store:
     finished since (`session`), and `version`, which changes whenever `session` does."""
     tokenizer: str
     model: str = ""
-    cap_bytes: int = 64 << 20
+    cap_bytes: int = 16 << 20
     keep_prompts: bool = False
     path: Path = field(default_factory=store_path)
     docs: list[Doc] = field(default_factory=list)
     session: list[Doc] = field(default_factory=list)
     version: int = 0
     broken: bool = False  # unreadable: nothing read, nothing written
+    loaded: bool = False
 
     def load(self) -> "Store":
-        if not self.path.exists():
+        """Read this tokenizer's documents (the history drafter does, when it is a source of the run)."""
+        if self.loaded or not self.path.exists():
             return self
+        self.loaded = True
         try:
             con = _connect(self.path, create=False)
             try:

@@ -90,7 +90,7 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("history", bool, False, "Keep every run's output token ids on disk ($XDG_DATA_HOME/mtpcli/history.sqlite; "
         "prompts too with --log-prompts) and draft from them (source history); --draft history implies it.",
         flag="--history"),
-    Key("history_max_mb", float, 64.0, "Size cap of the history store in MiB of token ids; the oldest go first.",
+    Key("history_max_mb", float, 16.0, "Size cap of the history store in MiB of token ids; the oldest go first.",
         _rng(0.0, lo_open=True), "> 0"),
     Key("ngram_min", int, 2, "Shortest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16"),
     Key("ngram_max", int, 4, "Longest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16"),
