@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--every", type=int, default=4, help="pass 2 runs ngram and plain on every N-th prompt")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each template (a smoke run)")
+    ap.add_argument("--arms", default="ngram,model,plain", help="the arms beside history in pass 2 and the control set")
+    ap.add_argument("--resume", default="", help="a JSON of this script whose pass 1 is complete: keep its pass 1 "
+                    "and run the rest (XDG_DATA_HOME must be the same: it holds pass 1's history and cycle costs)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -61,6 +64,11 @@ def main() -> None:
             "plain": {"draft": "none"}}
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "every": args.every, "argv": sys.argv}, "runs": []}
+    others = [a for a in args.arms.split(",") if a]
+    if args.resume:
+        old = json.loads(Path(args.resume).read_text())
+        results["config"]["pass1_argv"] = old["config"]["argv"]
+        results["runs"] = [r for r in old["runs"] if r["phase"] == "pass1"]
 
     def settings(extra, max_tokens=None):
         over = {"model": args.target, "draft_model": args.draft, "temp": 0.0,
@@ -108,20 +116,20 @@ def main() -> None:
     tune = encode_prompt(target.tokenizer, "Write a Python function that merges two sorted lists.", None, None)
     for arm in arms:  # warm-up: compile, page the weights in (history off: nothing stored)
         one(settings({**arms[arm], "history": False}, 6), tune)
-    for arm in ("history", "ngram", "model"):  # calibration: this machine's cycle costs, as a user's first run stores them
-        one(settings({**arms[arm], "history": False}, 32), tune)
+    for arm in ("history", "ngram", "model") if not args.resume else ():  # calibration: this machine's cycle costs,
+        one(settings({**arms[arm], "history": False}, 32), tune)  # as a user's first run stores them
 
-    for phase in ("pass1", "pass2"):
+    for phase in ("pass1", "pass2") if not args.resume else ("pass2",):
         counts: dict[str, int] = {}
         for item in templates:
             i = counts.get(item["template"], 0)
             counts[item["template"]] = i + 1
             record(phase, item, "history")
             if phase == "pass2" and i % args.every == 0:
-                for arm in ("ngram", "model", "plain"):
+                for arm in others:
                     record(phase, item, arm)
     for item in control:
-        for arm in arms:
+        for arm in ["history"] + others:
             record("control", item, arm)
     mx.clear_cache()
 

@@ -336,6 +336,8 @@ def test_generate_with_history_drafts_from_the_last_run_and_stays_greedy_identic
     assert info["tokenizers"][0]["docs"] == 2 and info["use"]["accepted"] >= 20
     r = cli("history", "stats")
     assert r.returncode == 0 and b"outputs" in r.stdout and b"accepted" in r.stdout
+    by_source = cli("stats", "--by", "source").stdout.decode()
+    assert "history" in by_source  # what the history contributed, beside the other sources
     lines = cli("history", "export", "--text").stdout.decode().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["text"] == plain["text"]
     assert cli("history", "clear").returncode != 0  # no terminal, no --yes: refused

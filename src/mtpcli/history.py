@@ -217,10 +217,13 @@ def clear(path: Path | None = None) -> int:
     if con is None:
         return 0
     try:
-        with con:
-            n = con.execute("DELETE FROM docs").rowcount
+        n = con.execute("DELETE FROM docs").rowcount
         con.execute("VACUUM")
         return n
+    except sqlite3.Error as e:
+        from .errors import UsageError
+
+        raise UsageError(f"history store {path or store_path()}: {e} (another run may be writing it); try again") from None
     finally:
         con.close()
 
