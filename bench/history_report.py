@@ -36,20 +36,21 @@ def main(path: str) -> None:
             continue
         print(f"| {t} | {len(a)} | {rate(a):.2f} | {rate(b):.2f} | {rate(b) / rate(a):.2f}x | {tpc(a):.2f} | {tpc(b):.2f} |")
     print()
-    arms = ["history", "ngram", "model", "plain"]
+    arms = [a for a in ("history", "ngram", "model", "plain") if any(r["arm"] == a for r in runs if r["phase"] != "pass1")]
+    others = [a for a in arms if a != "history"]
     print("| pass 2, same prompts | prompts | " + " | ".join(f"{a} tok/s" for a in arms)
-          + " | history / plain | history / ngram | history / model | tokens/cycle " + " / ".join(arms) + " |")
-    print("|---|---|" + "---|" * (len(arms) + 4))
+          + "".join(f" | history / {a}" for a in others) + " | tokens/cycle " + " / ".join(arms) + " |")
+    print("|---|---|" + "---|" * (len(arms) + len(others) + 1))
     for t in templates + ["all", "control"]:
         phase = "control" if t == "control" else "pass2"
-        names = {r["prompt"] for r in runs if r["phase"] == phase and r["arm"] == "plain"
+        names = {r["prompt"] for r in runs if r["phase"] == phase and r["arm"] == others[-1]
                  and (t in ("all", "control") or r["template"] == t)}
         got = {a: pick(phase, a, names=names) for a in arms}
         if not all(got.values()):
             continue
         v = {a: rate(got[a]) for a in arms}
         print(f"| {t} | {len(names)} | " + " | ".join(f"{v[a]:.2f}" for a in arms)
-              + f" | {v['history'] / v['plain']:.2f}x | {v['history'] / v['ngram']:.2f}x | {v['history'] / v['model']:.2f}x | "
+              + "".join(f" | {v['history'] / v[a]:.2f}x" for a in others) + " | "
               + " / ".join(f"{tpc(got[a]):.2f}" for a in arms) + " |")
     loads = [r["history_load_s"] for r in runs if r.get("history_load_s") is not None]
     if loads:
