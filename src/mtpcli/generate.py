@@ -364,14 +364,21 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
         argv: list[str], batch_size: int | None = None, out: TextIO = None, log: bool = True,
         log_prompts: bool = False) -> int:
     v = s.values
-    target, draft = load_models(s)
+    from . import distributed
+
+    dist = distributed.setup(s, several=len(items) * n > 1)  # under mlx.launch: the group, else None
+    sharded = dist is not None and dist.mode != "data"
+    if dist is not None and not dist.root:  # only rank 0 writes the statistics file and the run log
+        stats_json, log = None, False
+    target, draft = distributed.load_models(dist, s) if sharded else load_models(s)
     completions, requests = requests_for(s, items, single, n, target.tokenizer, models.max_context(target.config))
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
     longest = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
     size = batch_size or default_batch_size(target.config, max(len(requests), 1), longest)
-    engine = build_engine(s, target, draft, min(size, max(len(requests), 1)))
+    size = min(size, max(len(requests), 1))
+    engine = distributed.sharded_engine(dist, s, target, draft, size) if sharded else build_engine(s, target, draft, size)
     law = engine.cfg.law
     blas_hint(quiet)
     if law == "typical":
@@ -385,7 +392,7 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     started, t0 = time.time(), time.perf_counter()
     status = 0
     try:
-        for ev in engine.generate(requests):
+        for ev in distributed.events(dist, engine, requests) if dist else engine.generate(requests):
             writer.event(ev.request, ev.tokens, ev.finish_reason)
             if output.closed:
                 break
@@ -401,6 +408,10 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     auto = remember_costs(engine, log)
     if auto:
         record["auto"] = auto
+    if dist is not None:
+        record["distributed"] = dist.record(engine.cycles)
+        if dist.root and dist.extra.get("failed_ranks") and status == 0:
+            status = EXIT_RUNTIME
     if not single or n > 1:
         record["batch"] = {"prompts": len(items), "failed": failed, "batch_size": engine.batch_size,
                            "cycles": engine.cycles, "tokens": total.generated_tokens, "wall_s": wall,
@@ -410,7 +421,8 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
         doc = completions[0].row(False) if "batch" not in record else {
             "completions": [c.row(not single) for c in completions], "stats": total.to_dict(), "batch": record["batch"]}
         output.write(json.dumps({**doc, "settings": record["settings"],
-                                 **({"auto": record["auto"]} if "auto" in record else {})}) + "\n")
+                                 **({"auto": record["auto"]} if "auto" in record else {}),
+                                 **({"distributed": record["distributed"]} if "distributed" in record else {})}) + "\n")
     if output.closed:
         status = EXIT_PIPE
     b = record.get("batch")
@@ -465,6 +477,10 @@ def report(total: RunStats, record: dict, quiet: bool, stats_json: str | None, t
         render(total, sys.stderr, sys.stderr.isatty(), title=title)
         if extra:
             err(extra)
+        if record.get("distributed"):
+            from .distributed import describe
+
+            err(describe(record["distributed"]))
     if total.typical is not None:
         t = total.typical_summary()
         err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
