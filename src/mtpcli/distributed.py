@@ -534,12 +534,16 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         class Recorded(command_class):
             def __init__(self, rank, *args, **kwargs):
                 super().__init__(rank, *args, **kwargs)
-                self._rank = rank
+                self._rank, self._stopped = rank, False
+
+            def terminate(self):  # the launcher stops the other ranks once one has failed
+                self._stopped = True
+                return super().terminate()
 
             @property
             def exit_status(self):
                 status = super().exit_status
-                statuses[self._rank] = status
+                statuses[self._rank] = (status[0], bool(status[1]) or self._stopped)
                 return status
 
         return original(Recorded, arguments, verbose)
@@ -553,6 +557,10 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
             mpirun.append(result.returncode)
         return result
 
+    local = not hosts and not hostfile and backend in (None, "ring") and not any(
+        x in ("-p", "--starting-port") or x.startswith("--starting-port=") for x in extra)
+    if local and n > 1:  # ranks on this machine only: ports nobody else uses (MLX's default is one fixed port)
+        extra = [*extra, "--starting-port", str(free_ports(n))]
     argv = ["mlx.launch", "-n", str(n)]
     argv += ["--hosts", hosts] if hosts else []
     argv += ["--hostfile", hostfile] if hostfile else []
@@ -571,6 +579,28 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     if mpirun:
         return mpirun[-1]
     return worst(statuses)
+
+
+def free_ports(n: int) -> int:
+    """The first of n consecutive free TCP ports on this machine."""
+    import random
+    import socket
+
+    for _ in range(200):
+        start = random.randint(20000, 60000 - n)
+        try:
+            socks = []
+            for port in range(start, start + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return start
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    return 32323
 
 
 def worst(statuses: dict[int, tuple]) -> int:
