@@ -204,7 +204,10 @@ def describe(d: dict) -> str:
     """One stderr / `mtpcli stats` line."""
     line = (f"distributed: {d['mode']} over {d['size']} ranks ({d['backend']}), {d['messages']} collectives of ours "
             f"in {d['collective_s'] * 1e3:.1f} ms")
-    if d["mode"] != "data":
+    if d.get("in_graph"):
+        line += (f"; {d['cycles']} plain steps, each with rank 0's token broadcast inside its graph (not timed apart "
+                 "from the pass)")
+    elif d["mode"] != "data":
         line += f": {d['collective_ms_per_cycle']:.2f} ms per cycle over {d['cycles']} cycles"
         if d.get("model_collectives_per_pass"):
             line += f"; the model's own: {d['model_collectives_per_pass']} per target pass"
@@ -441,6 +444,7 @@ def sharded_engine(dist: Dist, s, target, draft, batch_size: int):
                         target.tokenizer.eos_token_ids, gen.decode_config(s), rows)
     sources = gen.auto_sources(s, target) if v["draft"] == "auto" else [v["draft"]]
     engine.link = Link(dist, rows, width, bool(speculates), sources)
+    dist.extra["in_graph"] = not speculates
     dist.extra["model_collectives_per_pass"] = collectives_per_pass(target.model, dist.mode)
     return engine
 
