@@ -116,6 +116,8 @@ def test_data_mode_keeps_input_order_and_gathers_statistics(qwen, cli, tmp_path)
     assert sorted(d["prompts_per_rank"]) == [2, 3]  # both ranks decoded a share
     err = r.stderr.decode()
     assert err.count("generated_tokens") == 1 and "distributed: data over 2 ranks" in err  # rank 0's table only
+    shown = cli("stats", "--file", stats).stdout.decode()
+    assert "distributed: data over 2 ranks (ring)" in shown and "prompts per rank: " in shown
 
 
 def test_shares_are_balanced_by_length_and_keep_input_order():

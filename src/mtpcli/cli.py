@@ -116,7 +116,7 @@ def launch(
     extra = []
     while args and args[0].startswith("-") and args[0] != "--":  # launcher options mtpcli does not name (--env ...)
         extra.append(args.pop(0))
-        if args and not args[0].startswith("-") and "=" not in extra[-1]:
+        if args and not args[0].startswith("-") and "=" not in extra[-1] and extra[-1] not in ("--verbose",):
             extra.append(args.pop(0))
     if args and args[0] == "--":
         args.pop(0)
