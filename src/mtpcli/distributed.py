@@ -539,6 +539,7 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
             def __init__(self, rank, *args, **kwargs):
                 super().__init__(rank, *args, **kwargs)
                 self._rank, self._stopped = rank, False
+                quiet_stdin(self._process)
 
             def terminate(self):  # the launcher stops the other ranks once one has failed
                 self._stopped = True
@@ -571,6 +572,7 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     argv += ["--backend", backend] if backend else []
     argv += ["--python", python] if python else []
     argv += [*extra, "--", *command]
+    os.dup2(os.pipe()[0], 0)  # the ranks read no stdin (refuse_stdin); MLX's launcher polls ours: an empty pipe
     saved = sys.argv
     L._launch_with_io, L.run, sys.argv = recording, run, argv
     try:
@@ -583,6 +585,21 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     if mpirun:
         return mpirun[-1]
     return worst(statuses)
+
+
+def quiet_stdin(process) -> None:
+    """MLX's launcher polls each rank's stdin pipe for writability, which an empty pipe always is: each rank's thread
+    would spin a core. The ranks read no stdin: give them EOF, and the poll a pipe that is full (never writable)."""
+    process.stdin.close()
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"\0" * 65536)
+    except BlockingIOError:
+        pass
+    process.stdin = os.fdopen(w, "wb", buffering=0)
+    process._mtpcli_full_pipe = r  # (its read end stays open, or the write end would be "writable": broken)
 
 
 def free_ports(n: int) -> int:
