@@ -3,6 +3,7 @@ ranks is most of the cost), each through the code `generate --distributed tensor
 they gave to OUT as JSON:
 
   greedy-tensor-model, greedy-tensor-none, greedy-pipeline-model: 40 greedy tokens of one prompt;
+  seeded-tensor-t1: 60 tokens at T = 1, seed 3, drafted by the draft model (the same seed, the same output);
   t1-exact, t1-wrong: N completions of one prompt at T = 1 with a tensor-sharded target and a draft model on rank 0
   (EOS off, so every row has its first and second token); `wrong` resamples from p instead of the residual (the
   negative control)."""
@@ -41,7 +42,7 @@ def run(dist, loaded, target, draft_path, n, max_tokens, batch, eos=True, **flag
         engine.eos = set()
     ids = list(t.tokenizer.encode(PROMPT))
     outs = [[] for _ in range(n)]
-    for ev in distributed.events(dist, engine, [Request(c, ids, max_tokens, 0, c) for c in range(n)]):
+    for ev in distributed.events(dist, engine, [Request(c, ids, max_tokens, s.values["seed"], c) for c in range(n)]):
         outs[ev.request].extend(ev.tokens)
     st = engine.stats
     return {"tokens": outs, "acceptance": st.acceptance_rate, "reached": st.reached, "cycles": engine.cycles,
@@ -60,6 +61,7 @@ def main():
     for name, dist, draft_kind in [("greedy-tensor-model", tensor, "model"), ("greedy-tensor-none", tensor, "none"),
                                    ("greedy-pipeline-model", pipeline, "model")]:
         got[name] = run(dist, loaded, target, draft, 1, 40, 1, draft=draft_kind, temp=0.0)
+    got["seeded-tensor-t1"] = run(tensor, loaded, target, draft, 1, 60, 1, draft="model", temp=1.0, seed=3)
     for law in ("exact", "wrong"):
         if law == "wrong":
             verify.exact = wrong

@@ -96,6 +96,21 @@ def test_sharded_greedy_output_equals_one_process(qwen, worker, run):
         assert got["messages"] == got["cycles"] + 1  # the token, inside each step's graph (+ the start)
 
 
+def test_same_seed_same_output_at_t1_as_one_process(qwen, worker):
+    from mtpcli import models
+    from mtpcli.controller import FixedWidth
+    from mtpcli.drafters.model import ModelDrafter
+    from mtpcli.engine import DecodeConfig, Engine
+
+    t, d = models.load(str(qwen["target"])), models.load(str(qwen["draft"]))
+    cfg = DecodeConfig(sampling=SamplingParams(temp=1.0), max_tokens=60, seed=3)
+    eng = Engine(t.model, ModelDrafter(d.model), FixedWidth(3), t.tokenizer.eos_token_ids, cfg)
+    out = []
+    for ev in eng.generate([Request(0, list(t.tokenizer.encode("the sea is ")), 60, 3)]):
+        out.extend(ev.tokens)
+    assert worker["seeded-tensor-t1"]["tokens"][0] == out
+
+
 def test_data_mode_keeps_input_order_and_gathers_statistics(qwen, cli, tmp_path):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text("".join(json.dumps({"prompt": p, "max_tokens": n}) + "\n" for p, n in PROMPTS))
