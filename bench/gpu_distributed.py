@@ -52,6 +52,8 @@ def build(shape: str, vocab: int, dtype, group):
     m.update(tree_map(lambda w: (w * 0.02).astype(dtype) if w.ndim > 1 else w.astype(dtype), m.parameters()))
     if group is not None:
         m.shard(group)
+    for layer in m.model.layers:  # one layer at a time: the float32 draws of a 32B model would not fit at once
+        mx.eval(layer.parameters())
     mx.eval(m.parameters())
     return m
 

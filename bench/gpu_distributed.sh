@@ -23,7 +23,7 @@ mode=${MODE:-both}
 status=0
 if [ "$mode" = both ] || [ "$mode" = two ]; then
   echo "== 2 GPUs, NCCL"
-  timeout ${LIMIT:-400} python3 -c "from mlx._distributed_utils.launch import main; main()" -n 2 --backend nccl \
+  timeout ${LIMIT:-280} python3 -c "from mlx._distributed_utils.launch import main; main()" -n 2 --backend nccl \
       --env NCCL_NVLS_ENABLE=0 --python python3 bench/gpu_distributed.py --json "$OUT/gpu_distributed_2.json" \
       ${ARGS:-} || status=1
   # (mlx.launch exits 0 when a rank fails: the JSON's failed_checks and its presence are what count)
@@ -31,7 +31,7 @@ if [ "$mode" = both ] || [ "$mode" = two ]; then
 fi
 if [ "$mode" = both ] || [ "$mode" = one ]; then
   echo "== 1 GPU"
-  CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT:-400} python3 bench/gpu_distributed.py --json "$OUT/gpu_distributed_1.json" \
+  CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT:-280} python3 bench/gpu_distributed.py --json "$OUT/gpu_distributed_1.json" \
       ${ARGS:-} || status=1
 fi
 if [ -s "$OUT/gpu_distributed_1.json" ] && [ -s "$OUT/gpu_distributed_2.json" ]; then

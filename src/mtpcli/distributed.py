@@ -1,6 +1,6 @@
 """Several processes under `mlx.launch` (`mtpcli launch`): mx.distributed only, no transport of our own.
 
-Modes (`--distributed`; `auto`: `data` with several requests, else `tensor`, or `pipeline` for a target without shard()):
+Modes (`--distributed`; `auto`: `data` with several requests, else `tensor`):
 
 * data: every rank loads the whole target and decodes a share of the requests (balanced by prompt plus output length,
   each rank batching its share); rank 0 gathers every completion and its statistics and writes them in input order.
@@ -146,6 +146,9 @@ def setup(s, several: bool) -> Dist | None:
     """The group this run is part of, or None for one process (not launched, or a group of one)."""
     v = s.values
     if not launched():
+        if v["distributed"] != "auto" and s.origins.get("distributed") == "flag":
+            print(f"mtpcli: note: --distributed {v['distributed']} only acts under mlx.launch (mtpcli launch -n N -- "
+                  "generate ...); decoding in this one process", file=sys.stderr)
         return None
     import mlx.core as mx
 
