@@ -323,7 +323,7 @@ def _fast_blas() -> None:
     """On Linux, MLX's CPU wheel ships the slow reference BLAS: re-run with OpenBLAS preloaded if present."""
     if not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference":
         return
-    if "openblas" in os.environ.get("LD_PRELOAD", "") or not any(c in sys.argv for c in ("generate", "bench")):
+    if "openblas" in os.environ.get("LD_PRELOAD", "") or not any(c in sys.argv for c in ("generate", "bench", "launch")):
         return
     lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
     if lib is None:

@@ -567,8 +567,10 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
 
     local = not hosts and not hostfile and backend in (None, "ring") and not any(
         x in ("-p", "--starting-port") or x.startswith("--starting-port=") for x in extra)
-    if local and n > 1:  # ranks on this machine only: ports nobody else uses (MLX's default is one fixed port)
-        extra = [*extra, "--starting-port", str(free_ports(n))]
+    if local and n > 1:  # ranks on this machine only: ports nobody else uses (MLX's default is one fixed port),
+        extra = [*extra, "--starting-port", str(free_ports(n))]  # and the cores shared out between the ranks' BLAS
+        if "OPENBLAS_NUM_THREADS" not in os.environ:
+            extra += ["--env", f"OPENBLAS_NUM_THREADS={max(1, (os.cpu_count() or 1) // n)}"]
     argv = ["mlx.launch", "-n", str(n)]
     argv += ["--hosts", hosts] if hosts else []
     argv += ["--hostfile", hostfile] if hostfile else []
