@@ -198,7 +198,9 @@ def test_a_rank_killed_mid_run_ends_the_job_with_one_clear_error(qwen, tmp_path)
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
                          cwd=tmp_path)
     try:
-        p.stdout.read(1)  # rank 0 is decoding
+        import select
+
+        assert select.select([p.stdout], [], [], 120)[0] and p.stdout.read(1)  # rank 0 is decoding
         victim = next(c for c in children(p.pid) if rank_of(c) == 1)
         os.kill(victim, signal.SIGKILL)
         _, err = p.communicate(timeout=60)  # bounded: the job ends, no rank hangs
