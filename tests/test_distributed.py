@@ -208,8 +208,9 @@ def test_a_rank_killed_mid_run_ends_the_job_with_one_clear_error(qwen, tmp_path)
         if p.poll() is None:
             p.kill()
     assert p.returncode == 128 + signal.SIGKILL
-    lines = [x for x in err.decode().splitlines() if x.startswith("mtpcli: error")]
-    assert lines[-1] == "mtpcli: error: rank 1 was killed by signal 9; the launcher stopped rank 0"
+    lines = [x for x in err.decode().splitlines() if x.startswith("mtpcli:")]
+    assert lines[-1].startswith("mtpcli: error: rank 1 was killed by signal 9")  # mtpcli launch's own line, last
+    assert not any("internal error" in x for x in lines)  # rank 0, if it saw the loss first: a plain error line
 
 
 def test_launch_returns_the_worst_rank_status(cli):

@@ -475,6 +475,8 @@ def events(dist: Dist, engine, requests: list) -> Iterator:
         try:
             yield from engine.generate(requests)
             engine.link.flush()
+        except RuntimeError as e:  # the backend's own word for a peer that went away ("[ring] connection ... lost")
+            raise lost(e) from None
         finally:
             dist.watchdog.disarm()
         return
@@ -494,7 +496,10 @@ def events(dist: Dist, engine, requests: list) -> Iterator:
     elapsed = time.perf_counter() - t0
     payload = pickle.dumps({"rank": dist.rank, "done": done, "runs": {i: engine.runs.get(i) for i in done},
                             "cycles": engine.cycles, "error": error, "prompts": len(mine), "wall_s": elapsed})
-    parts = [pickle.loads(p) for p in dist.gather(payload, "gathering the completions", dist.timeout + elapsed)]
+    try:
+        parts = [pickle.loads(p) for p in dist.gather(payload, "gathering the completions", dist.timeout + elapsed)]
+    except RuntimeError as e:
+        raise lost(e) from None
     dist.extra["prompts_per_rank"] = [p["prompts"] for p in parts]
     dist.extra["wall_s_per_rank"] = [p["wall_s"] for p in parts]
     dist.extra["failed_ranks"] = {p["rank"]: p["error"] for p in parts if p["error"]}
@@ -516,6 +521,11 @@ def events(dist: Dist, engine, requests: list) -> Iterator:
             continue
         tokens, finish = rows.get(r.index, ([], "error"))
         yield Event(r.index, tokens, finish or "length")
+
+
+def lost(e: Exception) -> MtpError:
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return MtpError(f"lost the other ranks ({msg}): another rank failed or was stopped", EXIT_RUNTIME)
 
 
 # ---- mtpcli launch -------------------------------------------------------------------------------------------
@@ -551,7 +561,8 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
             @property
             def exit_status(self):
                 status = super().exit_status
-                statuses[self._rank] = (status[0], bool(status[1]) or self._stopped)
+                code = status[0]  # stopped by the launcher: its SIGTERM ended the rank (not an exit of its own)
+                statuses[self._rank] = (code, bool(status[1]) or (self._stopped and code in (None, -15)))
                 return status
 
         return original(Recorded, arguments, verbose)
