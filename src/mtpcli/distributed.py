@@ -126,10 +126,11 @@ class Dist:
         t0 = time.perf_counter()
         self.watchdog.arm(what, seconds)
         lengths = mx.distributed.all_gather(mx.array([len(payload)], mx.int32), group=self.group).tolist()
-        width = max(lengths)
-        buf = np.zeros(width, np.uint8)
+        width = -(-max(lengths) // 4)  # in int32 words (the dtype every backend gathers)
+        buf = np.zeros(width * 4, np.uint8)
         buf[: len(payload)] = np.frombuffer(payload, np.uint8)
-        got = np.array(mx.distributed.all_gather(mx.array(buf), group=self.group)).reshape(self.size, width)
+        got = mx.distributed.all_gather(mx.array(buf.view(np.int32)), group=self.group)
+        got = np.array(got).reshape(self.size, width).view(np.uint8)
         self.watchdog.disarm()
         self.collective_s += time.perf_counter() - t0
         self.messages += 2
