@@ -34,6 +34,13 @@ if [ "$mode" = both ] || [ "$mode" = one ]; then
   CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT:-280} python3 bench/gpu_distributed.py --json "$OUT/gpu_distributed_1.json" \
       ${ARGS:-} || status=1
 fi
+# $OUT is empty at each call on the lent machine: keep the results in /root/stash too, for a later MODE=table call
+for n in 1 2; do
+  if [ -s "$OUT/gpu_distributed_$n.json" ] && [ -d /root/stash ]; then cp "$OUT/gpu_distributed_$n.json" /root/stash/; fi
+  if ! [ -s "$OUT/gpu_distributed_$n.json" ] && [ -s "/root/stash/gpu_distributed_$n.json" ]; then
+    cp "/root/stash/gpu_distributed_$n.json" "$OUT/"
+  fi
+done
 if [ -s "$OUT/gpu_distributed_1.json" ] && [ -s "$OUT/gpu_distributed_2.json" ]; then
   python3 bench/gpu_distributed.py --table "$OUT/gpu_distributed_1.json" "$OUT/gpu_distributed_2.json" \
       | tee "$OUT/gpu_distributed_table.md"
