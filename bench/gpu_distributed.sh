@@ -24,7 +24,7 @@ status=0
 if [ "$mode" = both ] || [ "$mode" = two ]; then
   echo "== 2 GPUs, NCCL"
   timeout ${LIMIT:-280} python3 -c "from mlx._distributed_utils.launch import main; main()" -n 2 --backend nccl \
-      --env NCCL_NVLS_ENABLE=0 --python python3 bench/gpu_distributed.py --json "$OUT/gpu_distributed_2.json" \
+      --env NCCL_NVLS_ENABLE=0 --python python3 -- bench/gpu_distributed.py --json "$OUT/gpu_distributed_2.json" \
       ${ARGS:-} || status=1
   # (mlx.launch exits 0 when a rank fails: the JSON's failed_checks and its presence are what count)
   [ -s "$OUT/gpu_distributed_2.json" ] || { echo "no 2-GPU result"; status=1; }
