@@ -20,7 +20,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 profile_app = typer.Typer(no_args_is_help=True, help="List, show, choose and validate TOML profiles.")
 models_app = typer.Typer(no_args_is_help=True, help="Known model aliases, the model cache, and checkpoints.")
 app.add_typer(profile_app, name="profile")
+history_app = typer.Typer(no_args_is_help=True, help="The history store that the history drafter drafts from (--history).")
 app.add_typer(models_app, name="models")
+app.add_typer(history_app, name="history")
 
 _global = {"profile": None}
 
@@ -66,6 +68,8 @@ def generate(
     n_min: Optional[int] = _opt("n_min"),
     n_max: Optional[int] = _opt("n_max"),
     p_min: Optional[float] = _opt("p_min"),
+    history: Optional[bool] = _bool_opt("history", "--no-history"),
+    history_max_mb: Optional[float] = _opt("history_max_mb"),
     ngram_min: Optional[int] = _opt("ngram_min"),
     ngram_max: Optional[int] = _opt("ngram_max"),
     ema_alpha: Optional[float] = _opt("ema_alpha"),
@@ -82,7 +86,7 @@ def generate(
     stats_json: Optional[str] = typer.Option(None, "--stats-json", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the statistics table on stderr."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash)."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
@@ -258,6 +262,59 @@ def bench_cmd(
         print(json.dumps(result))
     else:
         b.render(result)
+
+
+# ---- history -----------------------------------------------------------------------------------
+
+@history_app.command("stats")
+def history_stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Size of the store per tokenizer, and what its drafts gave the logged runs."""
+    from . import report
+
+    report.history_stats(as_json)
+
+
+@history_app.command("clear")
+def history_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+    """Delete every kept output (asks on a terminal; --yes otherwise)."""
+    from . import history
+
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("history clear needs --yes when not run from a terminal")
+        if not typer.confirm(f"Delete every output kept in {history.store_path()}?", err=True):
+            raise typer.Exit(1)
+    print(f"history: {history.clear()} outputs deleted", file=sys.stderr)
+
+
+@history_app.command("export")
+def history_export(text: bool = typer.Option(False, "--text", help="Add the decoded text (loads each model's tokenizer).")):
+    """Every kept output as JSON lines on stdout, oldest first: token ids (and the prompt's where kept)."""
+    import json
+
+    from . import history
+
+    tokenizers: dict = {}
+    for doc in history.export():
+        if text:
+            if doc["model"] not in tokenizers:
+                tokenizers[doc["model"]] = _tokenizer(doc["model"])
+            tok = tokenizers[doc["model"]]
+            doc["text"] = tok.decode(doc["output"]) if tok else None
+        print(json.dumps(doc))
+
+
+def _tokenizer(model: str):
+    from mlx_lm.utils import load_tokenizer
+
+    from . import models
+
+    try:
+        path = models.resolve(model)
+        return load_tokenizer(path) if not isinstance(path, str) else None
+    except Exception as e:  # noqa: BLE001 - the ids are still exported
+        print(f"mtpcli: warning: no tokenizer for {model} ({e}); its outputs have text null", file=sys.stderr)
+        return None
 
 
 # ---- models ------------------------------------------------------------------------------------

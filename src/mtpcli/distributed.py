@@ -430,7 +430,7 @@ def load_models(dist: Dist, s):
     return target, draft
 
 
-def sharded_engine(dist: Dist, s, target, draft, batch_size: int):
+def sharded_engine(dist: Dist, s, target, draft, batch_size: int, store=None):
     """The engine of a tensor or pipeline run: rank 0's as usual, the others' without a drafter, with rank 0's batch
     size and draft width (sent once)."""
     from . import generate as gen
@@ -438,7 +438,7 @@ def sharded_engine(dist: Dist, s, target, draft, batch_size: int):
     from .engine import Engine
 
     v = s.values
-    engine = gen.build_engine(s, target, draft, batch_size) if dist.root else None
+    engine = gen.build_engine(s, target, draft, batch_size, store) if dist.root else None
     width = max(v["n_max"] or 0, v["num_draft_tokens"])
     mine = [engine.batch_size, int(engine.drafter.speculates), int(engine.drafter.needs_hidden), width] \
         if dist.root else None

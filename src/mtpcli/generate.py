@@ -27,6 +27,7 @@ from .stats import RunStats, render
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
+AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
 
 
 def err(msg: str) -> None:
@@ -66,19 +67,27 @@ def build_controller(s: Settings, batch: int = 1):
 
 def auto_sources(s: Settings, target: models.Loaded) -> list[str]:
     """Every source this run has: n-gram lookup always, the draft model when one is given, the MTP heads when the
-    checkpoint has them."""
-    return ["ngram"] + (["model"] if s.values["draft_model"] else []) + (["mtp"] if models.has_mtp(target) else [])
+    checkpoint has them, the history when it is on."""
+    v = s.values
+    return (["ngram"] + (["model"] if v["draft_model"] else []) + (["mtp"] if models.has_mtp(target) else [])
+            + (["history"] if v["history"] else []))
 
 
 def settle_draft(s: Settings, target: models.Loaded) -> None:
     """The ONE place draft = auto is settled. It stays the policy over every source (each cycle one source and
     a width 0..n_max) unless the width is pinned (num_draft_tokens set by a flag, the environment or a profile) or
-    adaptive: then one source, the draft model when one is given, else the MTP heads, else n-gram lookup."""
+    adaptive: then one source, the draft model when one is given, else the MTP heads, else the history when it is
+    on, else n-gram lookup. --draft history turns the history on."""
     v = s.values
+    if v["draft"] == "history":
+        if v["history"] is False and s.origins.get("history", "default") != "default":
+            raise UsageError(f"--draft history needs the history, but history is off ({s.origins['history']})")
+        v["history"] = True
     if v["draft"] == "auto" and (v["adaptive"] or s.origins.get("num_draft_tokens", "default") != "default"):
-        v["draft"] = "model" if v["draft_model"] else "mtp" if models.has_mtp(target) else "ngram"
+        v["draft"] = ("model" if v["draft_model"] else "mtp" if models.has_mtp(target) else
+                      "history" if v["history"] else "ngram")
     if v["draft"] == "auto" and s.origins.get("n_max", "default") == "default":
-        v["n_max"] = AUTO_N_MAX
+        v["n_max"] = AUTO_N_MAX_HISTORY if v["history"] else AUTO_N_MAX
     if v["draft"] == "model" and not v["draft_model"]:
         raise UsageError("--draft model needs --draft-model PATH_OR_ID")
 
@@ -93,21 +102,38 @@ def load_models(s: Settings) -> tuple[models.Loaded, models.Loaded | None]:
     return target, draft
 
 
-def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1) -> Engine:
+def open_history(s: Settings, target: models.Loaded, keep_prompts: bool = False):
+    """The history store of this tokenizer (history.Store; the history drafter reads it); None when it is off."""
+    from . import history
+
+    v = s.values
+    if not v["history"]:
+        return None
+    return history.Store(history.tokenizer_key(target.tokenizer), str(v["model"]),
+                         max(1, int(v["history_max_mb"] * (1 << 20))), keep_prompts)
+
+
+def build_engine(s: Settings, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1,
+                 store=None) -> Engine:
     from .drafters import NoDraft
     from .drafters.model import ModelDrafter
     from .drafters.mtp import MtpDrafter
     from .drafters.ngram import NgramDrafter
 
     from .drafters.auto import AutoDrafter
+    from .drafters.history import HistoryDrafter
 
     v = s.values
+    if v["history"] and store is None:
+        store = open_history(s, target)
 
     def source(kind):
         if kind == "none":
             return NoDraft()
         if kind == "ngram":
             return NgramDrafter(v["ngram_min"], v["ngram_max"])
+        if kind == "history":
+            return HistoryDrafter(store, models.output_size(target))
         if kind == "mtp":
             return MtpDrafter(models.mtp_head(target), target.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
         return ModelDrafter(draft.model, p_min=v["p_min"], prefill_step=v["prefill_step"])
@@ -239,7 +265,7 @@ def settings_record(s: Settings, law: str) -> dict[str, Any]:
         "law": law, "num_draft_tokens": v["num_draft_tokens"], "adaptive": v["adaptive"], "n_min": v["n_min"],
         "n_max": v["n_max"], "p_min": v["p_min"], "temp": v["temp"], "top_p": v["top_p"], "top_k": v["top_k"],
         "min_p": v["min_p"], "seed": v["seed"], "max_tokens": v["max_tokens"],
-        "typical_threshold": v["typical_threshold"], "typical_eps": v["typical_eps"],
+        "typical_threshold": v["typical_threshold"], "typical_eps": v["typical_eps"], "history": v["history"],
     }
 
 
@@ -378,7 +404,13 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     longest = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
     size = batch_size or default_batch_size(target.config, max(len(requests), 1), longest)
     size = min(size, max(len(requests), 1))
-    engine = distributed.sharded_engine(dist, s, target, draft, size) if sharded else build_engine(s, target, draft, size)
+    # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
+    # rank 0, which sees every completion, keeps the outputs
+    root = dist is None or dist.root
+    store = open_history(s, target, log_prompts) if root or not sharded else None
+    engine = (distributed.sharded_engine(dist, s, target, draft, size, store) if sharded
+              else build_engine(s, target, draft, size, store))
+    prompts = {r.index: r.prompt for r in requests}
     law = engine.cfg.law
     blas_hint(quiet)
     if law == "typical":
@@ -394,6 +426,8 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     try:
         for ev in distributed.events(dist, engine, requests) if dist else engine.generate(requests):
             writer.event(ev.request, ev.tokens, ev.finish_reason)
+            if store is not None and ev.finish_reason:  # it drafts for the rest of the run, and is kept
+                store.add(prompts[ev.request], completions[ev.request].tokens)
             if output.closed:
                 break
     except KeyboardInterrupt:
@@ -405,6 +439,8 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     total = RunStats.total([c.stats for c in completions if c.stats])
     failed = sum(1 for c in completions if c.item.error)
     record = {**total.to_dict(), "settings": settings_record(s, law)}
+    if store is not None and root:
+        store.save()
     auto = remember_costs(engine, log)
     if auto:
         record["auto"] = auto

@@ -58,10 +58,11 @@ def _choice(*options):
 SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("model", str, "smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache)."),
     Key("draft_model", str, None, "Draft model (same tokenizer as the target); implies draft = \"model\"."),
-    Key("draft", str, "auto", "Draft source: model, ngram, mtp, none, or auto (each cycle the source and width 0..n_max "
-        "with the most expected tokens per second, over n-gram lookup, the draft model and MTP heads; with a pinned "
-        "num_draft_tokens or adaptive: the draft model, else MTP heads, else ngram).",
-        _choice("auto", "model", "ngram", "mtp", "none"), "one of auto, model, ngram, mtp, none"),
+    Key("draft", str, "auto", "Draft source: model, ngram, mtp, history, none, or auto (each cycle the source and width "
+        "0..n_max with the most expected tokens per second, over n-gram lookup, the draft model, MTP heads and the "
+        "history; with a pinned num_draft_tokens or adaptive: the draft model, else MTP heads, else history when on, "
+        "else ngram).",
+        _choice("auto", "model", "ngram", "mtp", "history", "none"), "one of auto, model, ngram, mtp, history, none"),
     Key("num_draft_tokens", int, 4, "Draft width: tokens drafted per verify cycle (setting it pins the width; "
         "draft = auto otherwise chooses it).", _rng(1, 64), "1..64"),
     Key("max_tokens", int, 256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1"),
@@ -80,11 +81,17 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("controller", str, "ema", "Adaptive width policy: ema (censoring-aware EMA) or cost (tokens per second).",
         _choice("ema", "cost"), "one of ema, cost", "--spec-draft-controller"),
     Key("n_min", int, 1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min"),
-    Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens; 8 for draft = auto).", _rng(1, 64),
+    Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, 16 with "
+        "the history).", _rng(1, 64),
         "1..64",
         "--spec-draft-n-max"),
     Key("p_min", float, 0.0, "Draft confidence floor: stop drafting below this draft probability; 0 = off.",
         _rng(0.0, 1.0, hi_open=True), "[0, 1)", "--spec-draft-p-min"),
+    Key("history", bool, False, "Keep every run's output token ids on disk ($XDG_DATA_HOME/mtpcli/history.sqlite; "
+        "prompts too with --log-prompts) and draft from them (source history); --draft history implies it.",
+        flag="--history"),
+    Key("history_max_mb", float, 16.0, "Size cap of the history store in MiB of token ids; the oldest go first.",
+        _rng(0.0, lo_open=True), "> 0"),
     Key("ngram_min", int, 2, "Shortest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16"),
     Key("ngram_max", int, 4, "Longest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16"),
     Key("ema_alpha", float, 0.25, "EMA weight of a partial accept.", _rng(0.0, 1.0, lo_open=True), "(0, 1]"),

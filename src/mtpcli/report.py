@@ -275,3 +275,62 @@ def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> No
     if plot_path:
         plot(doc, plot_path, title)
         print(f"wrote {plot_path}", file=sys.stderr)
+
+
+# ---- `mtpcli history stats` ------------------------------------------------------------------------------------
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def human_count(n: float) -> str:
+    return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e4 else f"{int(n)}"
+
+
+def ago(ts: float, now: float | None = None) -> str:
+    s = max(0.0, (now or time.time()) - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.0f} {unit} ago"
+    return f"{s:.0f} s ago"
+
+
+def history_use(records: list[dict]) -> dict[str, Any]:
+    """What the history drafter gave the runs that had it: cycles, drafted and accepted tokens, and the share of the
+    committed tokens that its drafts supplied."""
+    runs = [r for r in records if r["settings"].get("history") or "history" in (r["stats"].get("sources") or {})]
+    src = [(r["stats"].get("sources") or {}).get("history") or {} for r in runs]
+    drafted, accepted = sum(s.get("drafted", 0) for s in src), sum(s.get("accepted", 0) for s in src)
+    tokens = sum(r["stats"]["generated_tokens"] for r in runs)
+    return {"runs": len(runs), "cycles": sum(s.get("cycles", 0) for s in src), "drafted": drafted,
+            "accepted": accepted, "acceptance": accepted / drafted if drafted else 0.0, "tokens": tokens,
+            "share_of_tokens": accepted / tokens if tokens else 0.0}
+
+
+def history_stats(as_json: bool = False) -> None:
+    from . import history, runlog
+
+    info = history.summary()
+    try:
+        info["use"] = history_use(runlog.query())
+    except UsageError:  # no run log (or an unreadable one): the store's own numbers only
+        info["use"] = None
+    if as_json:
+        print(json.dumps(info, indent=1))
+        return
+    if not info["tokenizers"]:
+        print(f"history store: empty ({info['path']})", file=sys.stderr)
+    else:
+        rows = [[t["tokenizer"], ", ".join(t["models"]), t["docs"], human_count(t["tokens"]), human_bytes(t["bytes"]),
+                 t["with_prompts"], ago(t["oldest"]), ago(t["newest"])] for t in info["tokenizers"]]
+        table(["tokenizer", "models", "outputs", "tokens", "size", "with prompts", "oldest", "newest"], rows,
+              title=f"history store {info['path']} ({human_bytes(info['file_bytes'])} on disk)")
+    u = info["use"]
+    if u and u["runs"]:
+        print(f"history drafts in {u['runs']} logged runs: {human_count(u['drafted'])} tokens drafted in "
+              f"{u['cycles']} cycles, {u['acceptance']:.0%} accepted; they supplied {u['share_of_tokens']:.0%} of the "
+              f"{human_count(u['tokens'])} tokens those runs generated")

@@ -1,0 +1,138 @@
+"""The history drafter on an agent-like workload: three templates (a tool-call JSON with different arguments, a
+Python module re-emitted with one class renamed, a form letter with different fields), 20 prompts each
+(bench/history_agent/templates.jsonl), run twice in sequence with the history on, at T = 0; then a novel-text
+control set (control.jsonl) that nothing in the history answers. The draft model is given to the `model` arm only:
+the history and n-gram arms differ by the history alone.
+
+Arms (one process, models loaded once; every run is a fresh engine, as one `mtpcli generate` call would be):
+  history  draft = auto over n-gram lookup and the history (--history; the store is read before each run and the
+           run's output appended after it, through history.Store as the CLI does)
+  ngram    draft = auto over n-gram lookup alone (no history)
+  model    draft = auto over n-gram lookup and the draft model (no history): the default with a draft model
+  plain    --draft none
+Pass 1 runs `history` on every template prompt (templates interleaved: tool call, module, letter, tool call, ...).
+Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram`,
+`model` and `plain`, interleaved (history, ngram, model, plain on one prompt, then the next). The control set then
+runs every arm on each prompt, with the history holding both passes. tok/s is decode speed after the first token.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 XDG_DATA_HOME=$(mktemp -d) \
+        python bench/history_agent.py TARGET DRAFT OUT.json [--max-tokens 48] [--every 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def read(name: str) -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "bench/history_agent" / name).read_text().splitlines() if line]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("target")
+    ap.add_argument("draft")
+    ap.add_argument("out")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--every", type=int, default=4, help="pass 2 runs ngram and plain on every N-th prompt")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each template (a smoke run)")
+    ap.add_argument("--arms", default="ngram,model,plain", help="the arms beside history in pass 2 and the control set")
+    ap.add_argument("--resume", default="", help="a JSON of this script whose pass 1 is complete: keep its pass 1 "
+                    "and run the rest (XDG_DATA_HOME must be the same: it holds pass 1's history and cycle costs)")
+    args = ap.parse_args()
+
+    import mlx.core as mx
+
+    from mtpcli import models, profiles
+    from mtpcli.engine import Request
+    from mtpcli.generate import build_engine, encode_prompt, open_history, remember_costs, settle_draft
+
+    target = models.load(args.target, "target model")
+    draft = models.load(args.draft, "draft model")
+    templates, control = read("templates.jsonl"), read("control.jsonl")
+    if args.limit:
+        seen: dict[str, int] = {}
+        templates = [t for t in templates if seen.setdefault(t["template"], 0) < args.limit
+                     and not seen.__setitem__(t["template"], seen[t["template"]] + 1)]
+    arms = {"history": {"history": True, "draft_model": None}, "ngram": {"draft_model": None}, "model": {},
+            "plain": {"draft": "none"}}
+    results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
+                          "every": args.every, "argv": sys.argv}, "runs": []}
+    others = [a for a in args.arms.split(",") if a]
+    if args.resume:
+        old = json.loads(Path(args.resume).read_text())
+        results["config"]["pass1_argv"] = old["config"]["argv"]
+        results["runs"] = [r for r in old["runs"] if r["phase"] == "pass1"]
+
+    def settings(extra, max_tokens=None):
+        over = {"model": args.target, "draft_model": args.draft, "temp": 0.0,
+                "max_tokens": max_tokens or args.max_tokens, **extra}
+        s = profiles.resolve("exact", over, env={})
+        if "draft_model" in extra:
+            s.values["draft_model"] = extra["draft_model"]
+        settle_draft(s, target)
+        return s
+
+    def one(s, ids):
+        t_open = time.perf_counter()
+        store = open_history(s, target)
+        engine = build_engine(s, target, draft if s.values["draft_model"] else None, store=store)
+        hist = getattr(engine.drafter, "sources", {}).get("history")
+        tokens, first = [], None
+        t0 = time.perf_counter()
+        for ev in engine.generate([Request(0, ids, s.values["max_tokens"], 0)]):
+            tokens.extend(ev.tokens)
+            if first is None:
+                first = (len(tokens), time.perf_counter())
+        end = time.perf_counter()
+        if store is not None:
+            store.add(ids, tokens)
+            store.save()
+        remember_costs(engine)
+        return (engine.stats.to_dict(), tokens, (len(tokens) - first[0], end - first[1]), end - t0,
+                {"setup_s": t0 - t_open, "history_load_s": hist.load_s if hist else None})
+
+    def record(phase, item, arm):
+        ids = encode_prompt(target.tokenizer, item["prompt"], None, None)
+        d, toks, steady, wall, setup = one(settings(arms[arm]), ids)
+        rec = {"phase": phase, "template": item["template"], "prompt": item["name"], "arm": arm, "tokens": toks,
+               "text": target.tokenizer.decode(toks), "steady_tokens": steady[0], "steady_s": steady[1],
+               "tok_s": steady[0] / steady[1] if steady[1] > 0 else 0.0, "wall_s": wall, **setup,
+               "tokens_per_cycle": d["tokens_per_cycle"], "acceptance_rate": d["acceptance_rate"],
+               "sources": d["sources"], "width_hist": d["draft_width_hist"]}
+        results["runs"].append(rec)
+        mix = " ".join(f"{k}:{v['cycles']}" for k, v in d["sources"].items())
+        print(f"{phase:7s} {item['name']:18s} {arm:8s} {rec['tok_s']:6.3f} tok/s {d['tokens_per_cycle']:5.2f} tok/cycle"
+              f"  [{mix}]", file=sys.stderr, flush=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+        return rec
+
+    tune = encode_prompt(target.tokenizer, "Write a Python function that merges two sorted lists.", None, None)
+    for arm in arms:  # warm-up: compile, page the weights in (history off: nothing stored)
+        one(settings({**arms[arm], "history": False}, 6), tune)
+    for arm in ("history", "ngram", "model") if not args.resume else ():  # calibration: this machine's cycle costs,
+        one(settings({**arms[arm], "history": False}, 32), tune)  # as a user's first run stores them
+
+    for phase in ("pass1", "pass2") if not args.resume else ("pass2",):
+        counts: dict[str, int] = {}
+        for item in templates:
+            i = counts.get(item["template"], 0)
+            counts[item["template"]] = i + 1
+            record(phase, item, "history")
+            if phase == "pass2" and i % args.every == 0:
+                for arm in others:
+                    record(phase, item, arm)
+    for item in control:
+        for arm in ["history"] + others:
+            record("control", item, arm)
+    mx.clear_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Tables of bench/history_agent.py's JSON, in markdown: pass 1 against pass 2 per template, then pass 2's history
+against n-gram lookup alone, the draft model and plain decoding on the same prompts, then the control set.
+tok/s is the sum of tokens after the first over the sum of their seconds (prompts weigh by their length).
+
+    python bench/history_report.py docs/perf/cpu/history-agent.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+
+def rate(runs) -> float:
+    t = sum(r["steady_s"] for r in runs)
+    return sum(r["steady_tokens"] for r in runs) / t if t else 0.0
+
+
+def tpc(runs) -> float:
+    return statistics.mean(r["tokens_per_cycle"] for r in runs) if runs else 0.0
+
+
+def main(path: str) -> None:
+    data = json.load(open(path))
+    runs = data["runs"]
+    pick = lambda phase, arm, tmpl=None, names=None: [  # noqa: E731
+        r for r in runs if r["phase"] == phase and r["arm"] == arm and (tmpl is None or r["template"] == tmpl)
+        and (names is None or r["prompt"] in names)]
+    templates = list(dict.fromkeys(r["template"] for r in runs if r["phase"] == "pass1"))
+    print("| template | prompts | pass 1 tok/s | pass 2 tok/s | pass 2 / pass 1 | tokens/cycle pass 1 | pass 2 |")
+    print("|---|---|---|---|---|---|---|")
+    for t in templates + ["all"]:
+        a, b = pick("pass1", "history", None if t == "all" else t), pick("pass2", "history", None if t == "all" else t)
+        if not a or not b:
+            continue
+        print(f"| {t} | {len(a)} | {rate(a):.2f} | {rate(b):.2f} | {rate(b) / rate(a):.2f}x | {tpc(a):.2f} | {tpc(b):.2f} |")
+    print()
+    arms = ["history", "ngram", "model", "plain"]
+    print("| pass 2, same prompts | prompts | " + " | ".join(f"{a} tok/s" for a in arms)
+          + " | history / plain | history / ngram | history / model | tokens/cycle " + " / ".join(arms) + " |")
+    print("|---|---|" + "---|" * (len(arms) + 4))
+    for t in templates + ["all", "control"]:
+        phase = "control" if t == "control" else "pass2"
+        names = {r["prompt"] for r in runs if r["phase"] == phase and r["arm"] == "plain"
+                 and (t in ("all", "control") or r["template"] == t)}
+        got = {a: pick(phase, a, names=names) for a in arms}
+        if not all(got.values()):
+            continue
+        v = {a: rate(got[a]) for a in arms}
+        print(f"| {t} | {len(names)} | " + " | ".join(f"{v[a]:.2f}" for a in arms)
+              + f" | {v['history'] / v['plain']:.2f}x | {v['history'] / v['ngram']:.2f}x | {v['history'] / v['model']:.2f}x | "
+              + " / ".join(f"{tpc(got[a]):.2f}" for a in arms) + " |")
+    loads = [r["history_load_s"] for r in runs if r.get("history_load_s") is not None]
+    if loads:
+        print(f"\nReading and indexing the store before each history run: median {statistics.median(loads) * 1000:.0f} ms,"
+              f" max {max(loads) * 1000:.0f} ms.")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

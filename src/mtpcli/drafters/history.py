@@ -1,0 +1,229 @@
+"""The history drafter (suffix decoding across runs, after SuffixDecoding, arXiv:2411.04975): match the longest
+suffix of a row's context in what earlier runs produced (history.Store), in what this run finished so far, and in
+the row's own prompt and output; propose the continuation that most often followed that suffix.
+
+A row's context is matched as `prompt OUT output`: stored documents are `[prompt] OUT output END` (the prompt only
+where it was kept), so the first tokens of an answer match the first tokens of earlier answers even though their
+prompts were not kept. Candidates are the most recent CANDIDATES occurrences of the context's last LONG tokens in each
+corpus, or, where there is none, of its last 2; every candidate of the longest match (up to MAX_MATCH tokens) votes
+for the next token, and the draft follows the winning token while its estimated probability, the product over depths
+of votes / (candidates + 1 / match length), stays above MIN_PROB. That is where a draft stops and whether there is one
+at all; `auto` weighs the length found (`available`) against its costs. Drafts are deterministic functions of the
+committed tokens and the store (q one-hot): the exact law accepts a token with probability p(token).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import Draft
+
+END, OUT, PAD = -1, -2, -3  # a document's end; where its output begins; before the start of a context
+LONG = 6  # the longer key: candidates that share the context's last 6 tokens, before those that share 2
+MAX_MATCH = 64  # longest suffix compared
+CANDIDATES = 256  # most recent occurrences of a key considered per corpus
+MIN_PROB = 0.1
+_P = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit key of every n tokens, at the position of their last token (positions < n - 1: none)."""
+    t = (tokens + 4).astype(np.uint64)
+    if n == 2:
+        return (t[:-1] << np.uint64(32)) | t[1:]
+    h = np.zeros(t.size - n + 1, np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * _P + t[j:t.size - n + 1 + j]
+    return h
+
+
+class Index:
+    """Positions of a token array sorted by the key of the n tokens ending at each (stable: the most recent last)."""
+
+    def __init__(self, tokens: np.ndarray, n: int):
+        self.n = n
+        keys = _keys(tokens, n)
+        self.order = np.argsort(keys, kind="stable").astype(np.int64) + (n - 1)
+        self.sorted = keys[self.order - (n - 1)]
+
+    def find(self, query: np.ndarray) -> np.ndarray:
+        if query.size < self.n:
+            return self.order[:0]
+        key = _keys(query[-self.n:], self.n)[0]
+        lo, hi = np.searchsorted(self.sorted, key, "left"), np.searchsorted(self.sorted, key, "right")
+        return self.order[max(lo, hi - CANDIDATES):hi]
+
+
+class Corpus:
+    """Documents concatenated, END-separated, indexed by their last LONG and last 2 tokens."""
+
+    def __init__(self, docs):
+        parts = [np.array([END], np.int64)]
+        for d in docs:
+            if d.prompt is not None:
+                parts.append(d.prompt)
+            parts += [np.array([OUT], np.int64), d.output, np.array([END], np.int64)]
+        self.tokens = np.concatenate(parts)
+        self.size = self.tokens.size
+        self.indexes = [Index(self.tokens, LONG), Index(self.tokens, 2)]
+        self.starts = np.flatnonzero(self.tokens == OUT)
+
+    def occurrences(self, query: np.ndarray) -> np.ndarray:
+        """Positions j where the corpus's tokens end like `query` (LONG tokens, else 2), a token after j."""
+        if query[-1] == OUT:  # the first token of an answer: every earlier answer's start (their prompts may be gone)
+            return self.starts[-CANDIDATES:]
+        for ix in self.indexes:
+            found = ix.find(query)
+            found = found[found < self.size - 1]
+            if found.size:
+                return found
+        return found
+
+
+class Own:
+    """A row's own context as `prompt OUT output`, grown in place."""
+
+    def __init__(self, prompt: list[int]):
+        self.tokens = np.array(list(prompt) + [OUT], np.int64)
+
+    def sync(self, context: list[int]) -> None:
+        have = self.tokens.size - 1  # context tokens held
+        if len(context) > have:
+            self.tokens = np.concatenate([self.tokens, np.asarray(context[have:], np.int64)])
+
+    def occurrences(self, query: np.ndarray) -> np.ndarray:
+        t = self.tokens
+        for n in (LONG, 2):
+            if t.size <= n:
+                continue
+            hit = np.ones(t.size - n, bool)  # candidate ends j = n-1 .. size-2 (a continuation exists)
+            for i in range(n):
+                hit &= t[i:t.size - n + i] == query[-n + i]
+            found = np.flatnonzero(hit) + (n - 1)
+            if found.size:
+                return found[-CANDIDATES:]
+        return np.zeros(0, np.int64)
+
+
+def match_lengths(tokens: np.ndarray, ends: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """For each position j in `ends`, how many tokens up to and including j equal the end of `query`."""
+    n = min(MAX_MATCH, query.size)
+    idx = ends[:, None] - np.arange(n)[None, :]
+    vals = np.where(idx >= 0, tokens[np.clip(idx, 0, None)], PAD)
+    eq = vals == query[::-1][:n][None, :]
+    return np.where(eq.all(1), n, eq.argmin(1))
+
+
+def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int) -> list[int]:
+    """The draft for `query` (up to k tokens) from candidate end positions in each corpus (tokens, ends); corpora
+    and the positions within each are oldest first."""
+    conts, lengths = [], []
+    for tokens, ends in corpora:
+        if ends.size == 0:
+            continue
+        idx = ends[:, None] + 1 + np.arange(k)[None, :]
+        c = np.where(idx < tokens.size, tokens[np.clip(idx, None, tokens.size - 1)], END)
+        conts.append(c)
+        lengths.append(match_lengths(tokens, ends, query))
+    if not conts:
+        return []
+    lengths = np.concatenate(lengths)
+    m = int(lengths.max())
+    c = np.concatenate(conts)[lengths == m]  # (n, k): the candidates of the longest match, the most recent last
+    c = np.where(np.minimum.accumulate(c, axis=1) < 0, END, c)  # nothing past an END or OUT
+    alive = np.ones(c.shape[0], bool)
+    draft, prob = [], 1.0
+    for d in range(k):
+        votes = c[alive, d]
+        votes = votes[votes >= 0]
+        if votes.size == 0:
+            break
+        values, counts = np.unique(votes, return_counts=True)
+        top = values[counts == counts.max()]
+        best = int(votes[np.isin(votes, top)][-1])  # ties go to the most recent
+        prob *= counts.max() / (alive.sum() + 1.0 / m)
+        if prob < MIN_PROB:
+            break
+        draft.append(best)
+        alive &= c[:, d] == best
+    return draft
+
+
+class HistoryDrafter:
+    name = "history"
+    needs_hidden = False
+    speculates = True
+    max_rows = None
+
+    def __init__(self, store, vocab: int | None = None):
+        """`vocab`: the target's output size; a stored id past it (a model of the same tokenizer but a shorter
+        output layer wrote it) ends a draft."""
+        self.store, self.vocab = store, vocab
+        t0 = time.perf_counter()
+        docs = store.load().docs
+        self.base = Corpus(docs) if docs else None
+        self.load_s = time.perf_counter() - t0  # reading the store and indexing it: paid once per run
+        self.tiers: list[Corpus] = []  # this run's finished answers, in indexes of doubling sizes
+        self.taken = 0  # session documents indexed so far
+        self.rows: list[Own | None] = []
+        self.memo: list[tuple] = []  # per row: (context length, k, store version, draft)
+
+    def add_rows(self, n: int) -> None:
+        self.rows += [None] * n
+        self.memo += [()] * n
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+        self.memo = [self.memo[r] for r in rows]
+
+    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
+        self.rows[row], self.memo[row] = Own(prompt), ()
+
+    def _corpora(self) -> list[Corpus]:
+        """The store's index, then this run's answers: each new one joins the newest tier, and a tier that grows
+        past the one before it merges into it (so indexing n answers costs n log n, not n squared)."""
+        session = self.store.session
+        if self.taken < len(session):
+            new, self.taken = session[self.taken:], len(session)
+            docs = [list(new)]
+            while self.tiers and self.tiers[-1].docs_n <= sum(len(d) for d in docs):
+                docs.insert(0, self.tiers.pop().docs)
+            merged = [d for part in docs for d in part]
+            tier = Corpus(merged)
+            tier.docs, tier.docs_n = merged, len(merged)
+            self.tiers.append(tier)
+        return ([self.base] if self.base is not None else []) + self.tiers
+
+    def lookup(self, row: int, context: list[int], k: int) -> list[int]:
+        """Row `row`'s draft of up to k tokens (a draft of k is the first k tokens of any wider one)."""
+        corpora = self._corpora()
+        memo, version = self.memo[row], self.taken
+        if memo and memo[0] == len(context) and memo[1] >= k and memo[2] == version:
+            return memo[3][:k]
+        own = self.rows[row]
+        own.sync(context)
+        query = own.tokens
+        found = [(c.tokens, c.occurrences(query)) for c in corpora] + [(own.tokens, own.occurrences(query))]
+        draft = continuation(found, query, k) if k > 0 else []
+        if self.vocab is not None:
+            draft = draft[:next((i for i, t in enumerate(draft) if t >= self.vocab), len(draft))]
+        self.memo[row] = (len(context), k, version, draft)
+        return draft
+
+    def available(self, contexts, k: int) -> list[int]:
+        return [len(self.lookup(b, c, k)) for b, c in enumerate(contexts)]
+
+    def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
+        import mlx.core as mx
+
+        found = [self.lookup(b, c, k) if k > 0 else [] for b, (c, k) in enumerate(zip(contexts, caps))]
+        k = max(len(f) for f in found)
+        tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)
+        lengths = [len(f) for f in found]
+        return Draft(tokens, None, lengths, lengths)
+
+    def commit(self, contexts, n_accepted, hidden=None) -> None:
+        pass
