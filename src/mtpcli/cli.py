@@ -104,7 +104,8 @@ def generate(
                              batch_size, log=not no_log, log_prompts=log_prompts))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
 def launch(
     ctx: typer.Context,
     n: int = typer.Option(1, "-n", "--repeat-hosts", min=1, help="Ranks per host (2 on one machine: -n 2)."),

@@ -494,6 +494,8 @@ def events(dist: Dist, engine, requests: list) -> Iterator:
         error = str(e)
     except Exception as e:  # noqa: BLE001 - reported by rank 0 as this rank's failure
         error = f"{type(e).__name__}: {e}"
+    if error and not dist.root:  # said at once too: the gather may wait long for the other ranks
+        print(f"mtpcli: error: rank {dist.rank}: {error}", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - t0
     payload = pickle.dumps({"rank": dist.rank, "done": done, "runs": {i: engine.runs.get(i) for i in done},
                             "cycles": engine.cycles, "error": error, "prompts": len(mine), "wall_s": elapsed})
@@ -524,8 +526,11 @@ def events(dist: Dist, engine, requests: list) -> Iterator:
         yield Event(r.index, tokens, finish or "length")
 
 
-def lost(e: Exception) -> MtpError:
+def lost(e: Exception) -> Exception:
+    """A backend error that says a peer went away, as one line; any other error as it is (this rank's own)."""
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if not any(w in msg.lower() for w in ("connection", "lost", "closed", "reset", "broken pipe", "nccl")):
+        return e
     return MtpError(f"lost the other ranks ({msg}): another rank failed or was stopped", EXIT_RUNTIME)
 
 
