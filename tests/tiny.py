@@ -37,8 +37,9 @@ def write_tokenizer(path: Path, chat_template: bool = False, vocab: list[str] = 
 
 def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 32, logit_scale: float = 4.0,
                chat_template: bool = False, max_positions: int = 256, vocab: list[str] = VOCAB, **extra) -> Path:
-    """Write a random llama with the tiny tokenizer to `path` (`extra`: more config keys); returns the path."""
-    from mlx_lm.models import llama
+    """Write a random llama with the tiny tokenizer to `path` (`extra`: more config keys, model_type="qwen2" for
+    another family of the same shape); returns the path."""
+    import importlib
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -49,7 +50,8 @@ def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 3
         "max_position_embeddings": max_positions, "rope_theta": 10000.0, "eos_token_id": 1, **extra,
     }
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = family.Model(family.ModelArgs.from_dict(config))
     model.lm_head.weight = model.lm_head.weight * logit_scale
     _save(model, config, path)
     write_tokenizer(path, chat_template, vocab)

@@ -79,6 +79,8 @@ def generate(
     system: Optional[str] = _opt("system"),
     format: Optional[str] = _opt("format"),
     prefill_step: Optional[int] = _opt("prefill_step"),
+    distributed: Optional[str] = _opt("distributed"),
+    distributed_timeout: Optional[float] = _opt("distributed_timeout"),
     num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, help="Independent completions of the prompt (prefilled once)."),
     separator: str = typer.Option("\n\n", "--separator", help="Text between completions in text format."),
     stats_json: Optional[str] = typer.Option(None, "--stats-json", help="Write the run's statistics and settings as JSON to this file."),
@@ -92,11 +94,39 @@ def generate(
 
     flags = {k: v for k, v in locals().items() if k in SCHEMA}
     settings = profiles.resolve(profile or _global["profile"], flags)
+    from .distributed import refuse_stdin
+
+    refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     raise typer.Exit(gen.run(settings, items, single, num_completions, quiet, stats_json, separator, sys.argv[1:],
                              batch_size, log=not no_log, log_prompts=log_prompts))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
+def launch(
+    ctx: typer.Context,
+    n: int = typer.Option(1, "-n", "--repeat-hosts", min=1, help="Ranks per host (2 on one machine: -n 2)."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated hosts (default: 127.0.0.1)."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", help="MLX's JSON hostfile (hosts, IPs, backend)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="ring, mpi, nccl, jaccl or jaccl-ring (default: nccl with CUDA, else ring)."),
+    python: Optional[str] = typer.Option(None, "--python", help="The Python that runs mtpcli on every host (default: this one)."),
+):
+    """Run a command on every rank with MLX's launcher (mtpcli launch -n 2 -- generate ...); exits with the worst rank's status."""
+    from . import distributed
+
+    args = list(ctx.args)
+    extra = []
+    while args and args[0].startswith("-") and args[0] != "--":  # launcher options mtpcli does not name (--env ...)
+        extra.append(args.pop(0))
+        if args and not args[0].startswith("-") and "=" not in extra[-1] and extra[-1] not in ("--verbose",):
+            extra.append(args.pop(0))
+    if args and args[0] == "--":
+        args.pop(0)
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}
+    raise typer.Exit(distributed.launch(n, hosts, hostfile, backend, python, extra, args, commands))
 
 
 @app.command()
@@ -351,7 +381,7 @@ def _fast_blas() -> None:
     """On Linux, MLX's CPU wheel ships the slow reference BLAS: re-run with OpenBLAS preloaded if present."""
     if not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference":
         return
-    if "openblas" in os.environ.get("LD_PRELOAD", "") or not any(c in sys.argv for c in ("generate", "bench")):
+    if "openblas" in os.environ.get("LD_PRELOAD", "") or not any(c in sys.argv for c in ("generate", "bench", "launch")):
         return
     lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
     if lib is None:

@@ -134,6 +134,8 @@ class KeyChains:
 
 
 class Engine:
+    link = None  # distributed.Link: a target sharded over several processes (rank 0 drafts and judges)
+
     def __init__(self, model, drafter=None, controller=None, eos_token_ids=(), config=DecodeConfig(),
                  batch_size: int = 1):
         self.drafter = drafter or NoDraft()
@@ -180,11 +182,15 @@ class Engine:
                     self._refill(queue)
                     self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 pending = nxt if chain else (self._launch(None) if self.rows else None)
+            if self.link:
+                self.link.flush()
         finally:
             self.wall_s = time.perf_counter() - t_start
 
     def _start(self, b: int, queue: deque) -> Row:
         t0 = time.perf_counter()
+        if self.link:  # every rank prefills the same rows: rank 0's verdict first
+            self.link.flush()
         req = queue.popleft()
         again = bool(queue) and queue[0].prompt == req.prompt  # -n: the next request prefills nothing
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
@@ -233,6 +239,8 @@ class Engine:
         draft = empty(caps)
         if max(caps) > 0:
             draft = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits], source=source)
+        if self.link:  # rank 0's drafts on every rank
+            draft, source = self.link.share_draft(draft, source)
         at = {} if prev is None else {id(r): i for i, r in enumerate(prev.rows)}
         idx = [at.get(id(r), -1) for r in rows]
         if prev is not None and idx == list(range(len(prev.rows))):  # the same rows: their tokens as they are
@@ -250,7 +258,8 @@ class Engine:
         keys = [s[2] for s in splits]
         # a chained plain step that a redo replaces is undone (`_discard`); a recurrent target cannot undo one
         full = self.target.one_row and not self.drafter.speculates
-        v, sums, complete = judge(cfg, logits, draft.tokens, draft.q, keys, draft.lengths, full)
+        v, sums, complete = (self.link.judge if self.link else judge)(cfg, logits, draft.tokens, draft.q, keys,
+                                                                      draft.lengths, full)
         mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]))
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
                      source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
@@ -270,6 +279,8 @@ class Engine:
             logits, q, keys = c.redo
             c.verdict, c.sums, _ = judge(self.cfg, logits, c.drafts, q, keys, c.lengths, full=True)
             c.redone = True
+        if self.link:  # rank 0's verdict on every rank
+            self.link.share_verdict(c)
         tok = c.verdict.token.tolist()
         n_acc, d = (c.verdict.n_accepted.tolist(), c.drafts.tolist()) if c.width else ([0] * len(tok), [[]] * len(tok))
         sums = [x.tolist() for x in c.sums]

@@ -390,15 +390,26 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
         argv: list[str], batch_size: int | None = None, out: TextIO = None, log: bool = True,
         log_prompts: bool = False) -> int:
     v = s.values
-    target, draft = load_models(s)
+    from . import distributed
+
+    dist = distributed.setup(s, several=len(items) * n > 1)  # under mlx.launch: the group, else None
+    sharded = dist is not None and dist.mode != "data"
+    if dist is not None and not dist.root:  # only rank 0 writes the statistics file and the run log
+        stats_json, log = None, False
+    target, draft = distributed.load_models(dist, s) if sharded else load_models(s)
     completions, requests = requests_for(s, items, single, n, target.tokenizer, models.max_context(target.config))
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
     longest = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
     size = batch_size or default_batch_size(target.config, max(len(requests), 1), longest)
-    store = open_history(s, target, log_prompts)
-    engine = build_engine(s, target, draft, min(size, max(len(requests), 1)), store)
+    size = min(size, max(len(requests), 1))
+    # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
+    # rank 0, which sees every completion, keeps the outputs
+    root = dist is None or dist.root
+    store = open_history(s, target, log_prompts) if root or not sharded else None
+    engine = (distributed.sharded_engine(dist, s, target, draft, size, store) if sharded
+              else build_engine(s, target, draft, size, store))
     prompts = {r.index: r.prompt for r in requests}
     law = engine.cfg.law
     blas_hint(quiet)
@@ -413,7 +424,7 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     started, t0 = time.time(), time.perf_counter()
     status = 0
     try:
-        for ev in engine.generate(requests):
+        for ev in distributed.events(dist, engine, requests) if dist else engine.generate(requests):
             writer.event(ev.request, ev.tokens, ev.finish_reason)
             if store is not None and ev.finish_reason:  # it drafts for the rest of the run, and is kept
                 store.add(prompts[ev.request], completions[ev.request].tokens)
@@ -428,11 +439,15 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
     total = RunStats.total([c.stats for c in completions if c.stats])
     failed = sum(1 for c in completions if c.item.error)
     record = {**total.to_dict(), "settings": settings_record(s, law)}
-    if store is not None:
+    if store is not None and root:
         store.save()
     auto = remember_costs(engine, log)
     if auto:
         record["auto"] = auto
+    if dist is not None:
+        record["distributed"] = dist.record(engine.cycles)
+        if dist.root and dist.extra.get("failed_ranks") and status == 0:
+            status = EXIT_RUNTIME
     if not single or n > 1:
         record["batch"] = {"prompts": len(items), "failed": failed, "batch_size": engine.batch_size,
                            "cycles": engine.cycles, "tokens": total.generated_tokens, "wall_s": wall,
@@ -442,7 +457,8 @@ def run(s: Settings, items: list[Item], single: bool, n: int, quiet: bool, stats
         doc = completions[0].row(False) if "batch" not in record else {
             "completions": [c.row(not single) for c in completions], "stats": total.to_dict(), "batch": record["batch"]}
         output.write(json.dumps({**doc, "settings": record["settings"],
-                                 **({"auto": record["auto"]} if "auto" in record else {})}) + "\n")
+                                 **({"auto": record["auto"]} if "auto" in record else {}),
+                                 **({"distributed": record["distributed"]} if "distributed" in record else {})}) + "\n")
     if output.closed:
         status = EXIT_PIPE
     b = record.get("batch")
@@ -497,6 +513,10 @@ def report(total: RunStats, record: dict, quiet: bool, stats_json: str | None, t
         render(total, sys.stderr, sys.stderr.isatty(), title=title)
         if extra:
             err(extra)
+        if record.get("distributed"):
+            from .distributed import describe
+
+            err(describe(record["distributed"]))
     if total.typical is not None:
         t = total.typical_summary()
         err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "

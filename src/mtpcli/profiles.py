@@ -102,6 +102,11 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("format", str, "text", "Output format: text, json or jsonl.", _choice("text", "json", "jsonl"),
         "one of text, json, jsonl"),
     Key("prefill_step", int, 512, "Prefill chunk size in tokens.", _rng(1), ">= 1"),
+    Key("distributed", str, "auto", "Under mlx.launch (mtpcli launch): data (each rank decodes a share of the prompts), "
+        "tensor or pipeline (the target sharded over the ranks); auto: data with several prompts, else tensor.",
+        _choice(*("auto", "data", "tensor", "pipeline")), "one of auto, data, tensor, pipeline"),
+    Key("distributed_timeout", float, 600.0, "Under mlx.launch: seconds a rank waits for the others without progress "
+        "before it gives up with an error.", _rng(0.0, lo_open=True), "> 0"),
 ]}
 
 

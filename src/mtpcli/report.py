@@ -268,6 +268,10 @@ def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> No
         print(json.dumps(doc))
     else:
         render(RunStats.from_dict(doc), sys.stdout, sys.stdout.isatty(), title=title)
+        if doc.get("distributed"):
+            from .distributed import describe
+
+            print(describe(doc["distributed"]))
     if plot_path:
         plot(doc, plot_path, title)
         print(f"wrote {plot_path}", file=sys.stderr)
