@@ -104,7 +104,7 @@ class OracleProposer:
 def decode(model, dist, width: int, oracle, prompt, tokens: int):
     """One greedy run; (tokens, stats, decode seconds, our collective seconds, messages)."""
     from mtpcli.controller import FixedWidth
-    from mtpcli.distributed import Follower, Link
+    from mtpcli.distributed import Link, follower
     from mtpcli.engine import DecodeConfig, Engine, Request
 
     cfg = DecodeConfig(max_tokens=tokens)
@@ -113,7 +113,7 @@ def decode(model, dist, width: int, oracle, prompt, tokens: int):
         drafter = OracleProposer(oracle, len(prompt)) if width else None
         engine = Engine(model, drafter, FixedWidth(width), (), cfg)
     else:
-        engine = Engine(model, Follower(bool(width), False), FixedWidth(0), (), cfg)
+        engine = Engine(model, follower(bool(width), False), FixedWidth(0), (), cfg)
     before = (0.0, 0)
     if dist is not None:
         engine.link = Link(dist, 1, max(width, 1), bool(width), ["oracle"])

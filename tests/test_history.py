@@ -147,6 +147,28 @@ def test_greedy_with_the_history_is_token_identical_to_plain_decoding(tiny):
         assert eng.stats.accepted > 20  # it drafted from the history, and the drafts were taken
 
 
+@pytest.mark.parametrize("kind", ["sliding-window", "hybrid"])
+def test_greedy_with_the_history_is_token_identical_on_windowed_and_hybrid_targets(tmp_path, kind):
+    """History drafts on a target whose sliding-window layers are masked and on one whose recurrent layers roll back
+    by snapshot and replay: the same tokens as plain decoding, right and wrong drafts alike."""
+    from mtpcli import models
+    from tiny import make_hybrid_model, make_model
+
+    if kind == "sliding-window":
+        path = make_model(tmp_path / "m", layers=2, sliding_window=16,
+                          layer_types=["sliding_attention", "full_attention"])
+    else:
+        path = make_hybrid_model(tmp_path / "h", seed=3)
+    target = models.load(str(path))
+    ids = list(target.tokenizer.encode("abcabcabcabc"))
+    plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=60))
+    want = [t for ev in plain.generate([Request(0, ids, 60, 0)]) for t in ev.tokens]
+    store = store_of(doc(want[:30] + list(reversed(want[30:]))), doc(want[:30] + list(reversed(want[30:]))))
+    (got,), eng = run_with_history(target, store, ids, SamplingParams(), 1, 60)
+    assert got == want
+    assert eng.stats.accepted > 10 and eng.stats.accepted < eng.stats.drafted  # drafts taken, and some rejected
+
+
 def test_a_batch_under_auto_with_answers_shared_mid_run_is_greedy_identical(tiny):
     """Several prompts as one batch under draft = auto (n-gram lookup and the history), each finished answer drafting
     for the rows still running, rows refilled and dropped: every row gets plain decoding's tokens."""
@@ -379,6 +401,18 @@ def test_log_prompts_keeps_the_prompt_and_draft_history_cannot_run_without_it(cl
     assert row["prompt"] and row["output"]
     r = cli("generate", "-m", model, "-p", "abc", "--draft", "history", "--no-history")
     assert r.returncode == 2 and b"--draft history needs the history" in r.stderr and not r.stdout
+
+
+def test_the_history_flags_are_in_help_and_the_cap_flag_caps_the_store(cli, tiny_paths):
+    helptext = cli("generate", "--help", env={"COLUMNS": "200"}).stdout.decode()
+    for flag in ("--history", "--no-history", "--history-max-mb"):
+        assert flag in helptext, flag
+    assert "history" in cli("--help").stdout.decode()
+    model = str(tiny_paths["target"])
+    for _ in range(3):
+        _gen(cli, model, "--history", "--history-max-mb", "0.0002")  # 209 bytes: 52 token ids, one answer of 40
+    info = json.loads(cli("history", "stats", "--json").stdout)
+    assert info["tokenizers"][0]["docs"] == 1 and info["tokenizers"][0]["bytes"] <= 0.0002 * (1 << 20)
 
 
 def test_agent_json_turns_the_history_on_and_the_readme_documents_it():

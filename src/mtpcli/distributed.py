@@ -279,33 +279,6 @@ def collectives_per_pass(model, mode: str) -> int:
 
 # ---- tensor / pipeline: the engine's side --------------------------------------------------------------------
 
-class Follower:
-    """The drafter of a rank other than 0: it drafts nothing (rank 0's drafts arrive with the messages)."""
-
-    name = "follower"
-    max_rows = None
-
-    def __init__(self, speculates: bool, needs_hidden: bool):
-        self.speculates, self.needs_hidden = speculates, needs_hidden
-
-    def add_rows(self, n):
-        pass
-
-    def keep_rows(self, rows):
-        pass
-
-    def start(self, row, prompt, hidden=None, keep=False):
-        pass
-
-    def propose(self, contexts, caps, sp, keys, source=None):
-        from .drafters import empty
-
-        return empty(caps)
-
-    def commit(self, contexts, n_accepted, hidden=None):
-        pass
-
-
 class Link:
     """The engine's hooks for a target sharded over the group (Engine.link)."""
 
@@ -430,6 +403,16 @@ def load_models(dist: Dist, s):
     return target, draft
 
 
+def follower(speculates: bool, needs_hidden: bool):
+    """The drafter of a rank other than 0: it drafts nothing (rank 0's drafts arrive with the messages), but says
+    what rank 0's drafter says: whether it speculates and needs the target's hidden states."""
+    from .drafters import NoDraft
+
+    d = NoDraft()
+    d.name, d.speculates, d.needs_hidden = "follower", speculates, needs_hidden
+    return d
+
+
 def sharded_engine(dist: Dist, s, target, draft, batch_size: int, store=None):
     """The engine of a tensor or pipeline run: rank 0's as usual, the others' without a drafter, with rank 0's batch
     size and draft width (sent once)."""
@@ -444,7 +427,7 @@ def sharded_engine(dist: Dist, s, target, draft, batch_size: int, store=None):
         if dist.root else None
     rows, speculates, hidden, width = dist.bcast(mine, 4, "starting")[:4]
     if not dist.root:
-        engine = Engine(target.model, Follower(bool(speculates), bool(hidden)), FixedWidth(0),
+        engine = Engine(target.model, follower(bool(speculates), bool(hidden)), FixedWidth(0),
                         target.tokenizer.eos_token_ids, gen.decode_config(s), rows)
     sources = gen.auto_sources(s, target) if v["draft"] == "auto" else [v["draft"]]
     engine.link = Link(dist, rows, width, bool(speculates), sources)

@@ -38,6 +38,14 @@ def empty(caps: list[int]) -> Draft:
     return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
 
 
+def deterministic(found: list[list[int]]) -> Draft:
+    """A draft of token lists found by lookup (no q: one-hot), padded to the longest; each row as long as its list."""
+    k = max(len(f) for f in found)
+    tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)
+    lengths = [len(f) for f in found]
+    return Draft(tokens, None, lengths, lengths)
+
+
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
                 p_min: float = 0.0) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import Draft
+from . import Draft, deterministic
 
 END, OUT, PAD = -1, -2, -3  # a document's end; where its output begins; before the start of a context
 LONG = 6  # the longer key: candidates that share the context's last 6 tokens, before those that share 2
@@ -217,13 +217,7 @@ class HistoryDrafter:
         return [len(self.lookup(b, c, k)) for b, c in enumerate(contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
-        import mlx.core as mx
-
-        found = [self.lookup(b, c, k) if k > 0 else [] for b, (c, k) in enumerate(zip(contexts, caps))]
-        k = max(len(f) for f in found)
-        tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)
-        lengths = [len(f) for f in found]
-        return Draft(tokens, None, lengths, lengths)
+        return deterministic([self.lookup(b, c, k) if k > 0 else [] for b, (c, k) in enumerate(zip(contexts, caps))])
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         pass

@@ -7,9 +7,8 @@ per row of the batch; rows propose up to their own cap (ragged lengths, padded).
 
 from __future__ import annotations
 
-import mlx.core as mx
 
-from . import Draft
+from . import Draft, deterministic
 
 
 class Index:
@@ -58,11 +57,7 @@ class NgramDrafter:
         return [len(ix.lookup(c, k)) for ix, c in zip(self.rows, contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
-        found = [ix.lookup(c, k) if k > 0 else [] for ix, c, k in zip(self.rows, contexts, caps)]
-        k = max(len(f) for f in found)
-        tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)
-        lengths = [len(f) for f in found]
-        return Draft(tokens, None, lengths, lengths)
+        return deterministic([ix.lookup(c, k) if k > 0 else [] for ix, c, k in zip(self.rows, contexts, caps)])
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         pass
