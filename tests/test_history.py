@@ -72,15 +72,15 @@ def test_a_draft_never_runs_past_the_end_of_an_answer_into_the_next():
 
 
 def test_the_rows_own_prompt_is_matched_like_ngram_lookup():
-    prompt = [9, 1, 2, 3, 4, 5, 6, 9]
-    assert draft_for(store_of(), prompt, [1, 2])[:3] == [3, 4, 5]
+    prompt = [9, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert draft_for(store_of(), prompt, [1, 2, 3, 4])[:3] == [5, 6, 7]
 
 
 def test_a_kept_prompt_lengthens_the_match():
     store = store_of(doc([20, 21], prompt=[1, 2, 3]), doc([30, 31]), doc([30, 31]))
     # the first answer's prompt matches this row's: its match (prompt + OUT) is the longest
     assert draft_for(store, [1, 2, 3], [])[:1] == [20]
-    assert continuation([], np.array([1, OUT]), 4) == []
+    assert continuation([], np.array([1, OUT]), 4) == ([], [])
 
 
 def test_a_match_never_counts_past_the_start_of_the_context():
@@ -104,7 +104,7 @@ def test_a_narrow_draft_is_the_start_of_the_wide_one_even_from_the_memo():
         d = HistoryDrafter(store_of(*docs))
         d.add_rows(1)
         d.start(0, prompt)
-        wide = d.available([prompt + out], 16)[0]
+        wide = len(d.available([prompt + out], 16)[0])
         for k in (1, 3, 16):
             narrow = d.propose([prompt + out], [k], None, [None]).lengths[0]
             assert narrow == min(k, wide)

@@ -6,8 +6,9 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
 E comes from per-row, per-source, per-position conditional acceptance estimates (position i counts only in cycles
 whose draft reached it and had not been rejected before it, so a fully accepted draft, or one cut short, says
 nothing about the positions it did not reach: censored). The counts decay every cycle, so a source that has not
-been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). An n-gram
-source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
+been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
+source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those. The
+history also estimates each token's chance, and no position is expected to do better than that estimate.
 
 T(s, k) = plain + k * per_token[s]: seconds of a plain step plus the seconds each drafted token of source s adds
 (drafting it and verifying it). The choice uses a fixed `Costs` table for the whole run: the one earlier runs on
@@ -183,7 +184,7 @@ class AutoPolicy:
     """The controller of `draft = auto`: plan(contexts) -> (source or None, width)."""
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
-                 available: Callable[[str, list, int], list[int] | None] = lambda s, c, k: None,
+                 available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step. A cold run takes plain
         steps at its 2nd to 4th cycles unless it took some anyway: the intercept of the time line it keeps."""
@@ -218,11 +219,13 @@ class AutoPolicy:
         return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / math.sqrt(1 + r) if explore else 0))
                 for a, r, p in zip(acc, reached, prior)]
 
-    def expected(self, source: str, k: int, member: int = 0, explore: bool = False) -> float:
-        """Expected committed tokens of a cycle drafting k tokens of `source`: 1 + sum_j prod_{i<=j} a_i."""
+    def expected(self, source: str, k: int, member: int = 0, explore: bool = False,
+                 estimates: Sequence[float] = ()) -> float:
+        """Expected committed tokens of a cycle drafting k tokens of `source`: 1 + sum_j prod_{i<=j} a_i, where a
+        source that estimates its own tokens (`estimates`) is expected no more than it says of each."""
         total, run = 1.0, 1.0
-        for a in self.acceptance(source, member, explore)[:k]:
-            run *= a
+        for i, a in enumerate(self.acceptance(source, member, explore)[:k]):
+            run *= min(a, estimates[i]) if i < len(estimates) else a
             total += run
         return total
 
@@ -239,14 +242,16 @@ class AutoPolicy:
         B = len(contexts)
         out = {(None, 0): B / self.costs.time(None, 0)}
         for s in self.sources:
-            avail = self.available(s, contexts, self.n_max)
+            avail = self.available(s, contexts, self.n_max)  # per row: tokens it has, or each one's estimate
+            est = [[] if isinstance(a, int) else list(a) for a in avail] if avail is not None else [[]] * B
+            have = None if avail is None else [a if isinstance(a, int) else len(a) for a in avail]
             for k in range(1, self.n_max + 1):
-                caps = [k] * B if avail is None else [min(k, a) for a in avail]
+                caps = [k] * B if have is None else [min(k, a) for a in have]
                 if max(caps) < k and k > 1:
                     break  # no row has more to give
                 if max(caps) == 0:
                     break
-                e = sum(self.expected(s, c, b, explore=True) for b, c in enumerate(caps))
+                e = sum(self.expected(s, c, b, explore=True, estimates=est[b]) for b, c in enumerate(caps))
                 out[(s, k)] = e / self.costs.time(s, max(caps))
         return out
 

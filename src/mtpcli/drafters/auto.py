@@ -20,8 +20,9 @@ class AutoDrafter:
         rows = [d.max_rows for d in self.sources.values() if d.max_rows]
         self.max_rows = min(rows) if rows else None
 
-    def available(self, source: str, contexts: list, k: int) -> list[int] | None:
-        """Tokens a deterministic source has for each row before drafting (None: as many as asked)."""
+    def available(self, source: str, contexts: list, k: int) -> list | None:
+        """What a deterministic source has for each row before drafting: a number of tokens, or each token's
+        estimated probability (None: as many as asked)."""
         look = getattr(self.sources[source], "available", None)
         return look(contexts, k) if look else None
 

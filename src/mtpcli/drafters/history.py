@@ -7,9 +7,14 @@ where it was kept), so the first tokens of an answer match the first tokens of e
 prompts were not kept. Candidates are the most recent CANDIDATES occurrences of the context's last LONG tokens in each
 corpus, or, where there is none, of its last 2; every candidate of the longest match (up to MAX_MATCH tokens) votes
 for the next token, and the draft follows the winning token while its estimated probability, the product over depths
-of votes / (candidates + 1 / match length), stays above MIN_PROB. That is where a draft stops and whether there is one
-at all; `auto` weighs the length found (`available`) against its costs. Drafts are deterministic functions of the
-committed tokens and the store (q one-hot): the exact law accepts a token with probability p(token).
+of votes / (candidates + PSEUDO / match length ** POWER), stays above MIN_PROB (a
+match that reaches back to the start of the answer counts LONG tokens more: the start stands for a prompt that was not
+kept). That is where a draft stops and whether there is one at all; `auto` weighs each token's estimate (`available`)
+against its costs. PSEUDO and POWER were set so that the estimate matches how often a draft token is right on text that
+is not the benchmark's (bench/history_calibrate.py: Python's standard library and the licences under /usr/share/doc):
+a pseudo-count of 1 / match length trusted a phrase seen once after a short match (estimated 0.7, right 0.4).
+Drafts are deterministic functions of the committed tokens and the store (q one-hot): the exact law accepts a token
+with probability p(token).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ LONG = 6  # the longer key: candidates that share the context's last 6 tokens, b
 MAX_MATCH = 64  # longest suffix compared
 CANDIDATES = 256  # most recent occurrences of a key considered per corpus
 MIN_PROB = 0.1
+PSEUDO, POWER = 8.0, 1.5  # a token's estimate: votes / (candidates + PSEUDO / match length ** POWER)
 _P = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -117,9 +123,10 @@ def match_lengths(tokens: np.ndarray, ends: np.ndarray, query: np.ndarray) -> np
     return np.where(eq.all(1), n, eq.argmin(1))
 
 
-def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int) -> list[int]:
+def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int) -> tuple[list, list]:
     """The draft for `query` (up to k tokens) from candidate end positions in each corpus (tokens, ends); corpora
-    and the positions within each are oldest first."""
+    and the positions within each are oldest first. Returns the draft and each token's estimated probability given
+    the ones before it."""
     conts, lengths = [], []
     for tokens, ends in corpora:
         if ends.size == 0:
@@ -129,13 +136,14 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         conts.append(c)
         lengths.append(match_lengths(tokens, ends, query))
     if not conts:
-        return []
+        return [], []
     lengths = np.concatenate(lengths)
     m = int(lengths.max())
     c = np.concatenate(conts)[lengths == m]  # (n, k): the candidates of the longest match, the most recent last
     c = np.where(np.minimum.accumulate(c, axis=1) < 0, END, c)  # nothing past an END or OUT
+    shrink = PSEUDO / (m + LONG * bool((query[-m:] == OUT).any())) ** POWER
     alive = np.ones(c.shape[0], bool)
-    draft, prob = [], 1.0
+    draft, probs, prob = [], [], 1.0
     for d in range(k):
         votes = c[alive, d]
         votes = votes[votes >= 0]
@@ -144,12 +152,14 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         values, counts = np.unique(votes, return_counts=True)
         top = values[counts == counts.max()]
         best = int(votes[np.isin(votes, top)][-1])  # ties go to the most recent
-        prob *= counts.max() / (alive.sum() + 1.0 / m)
+        p = counts.max() / (alive.sum() + shrink)
+        prob *= p
         if prob < MIN_PROB:
             break
         draft.append(best)
+        probs.append(float(p))
         alive &= c[:, d] == best
-    return draft
+    return draft, probs
 
 
 class HistoryDrafter:
@@ -199,22 +209,29 @@ class HistoryDrafter:
 
     def lookup(self, row: int, context: list[int], k: int) -> list[int]:
         """Row `row`'s draft of up to k tokens (a draft of k is the first k tokens of any wider one)."""
+        return self.look(row, context, k)[0]
+
+    def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        """Row `row`'s draft of up to k tokens and each token's estimated probability given the ones before it."""
         corpora = self._corpora()
         memo, version = self.memo[row], self.taken
         if memo and memo[0] == len(context) and memo[1] >= k and memo[2] == version:
-            return memo[3][:k]
+            return memo[3][:k], memo[4][:k]
         own = self.rows[row]
         own.sync(context)
         query = own.tokens
         found = [(c.tokens, c.occurrences(query)) for c in corpora] + [(own.tokens, own.occurrences(query))]
-        draft = continuation(found, query, k) if k > 0 else []
+        draft, probs = continuation(found, query, k) if k > 0 else ([], [])
         if self.vocab is not None:
             draft = draft[:next((i for i, t in enumerate(draft) if t >= self.vocab), len(draft))]
-        self.memo[row] = (len(context), k, version, draft)
-        return draft
+        probs = probs[:len(draft)]
+        self.memo[row] = (len(context), k, version, draft, probs)
+        return draft, probs
 
-    def available(self, contexts, k: int) -> list[int]:
-        return [len(self.lookup(b, c, k)) for b, c in enumerate(contexts)]
+    def available(self, contexts, k: int) -> list[list[float]]:
+        """Each row's draft at width k as the estimated probability of each of its tokens given the ones before
+        (what `auto` weighs: it expects no more of a position than this)."""
+        return [self.look(b, c, k)[1] for b, c in enumerate(contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         return deterministic([self.lookup(b, c, k) if k > 0 else [] for b, (c, k) in enumerate(zip(contexts, caps))])
