@@ -5,7 +5,7 @@ and the licence and README texts under /usr/share/doc (prose), tokenized with th
 "answers" fill the store; later ones are drafted for, every `--step` tokens, and each drafted position (reached:
 all before it right) records the estimate and whether it was right.
 
-    python bench/history_calibrate.py ~/.cache/mtpcli/models/qwen2.5-coder-0.5b [--pseudo 1 2 4 8]
+    python bench/history_calibrate.py ~/.cache/mtpcli/models/qwen2.5-coder-0.5b [--pseudo 1 4 8 16] [--power 1 1.5 2]
 """
 
 from __future__ import annotations
@@ -69,9 +69,8 @@ def measure(store_docs, queries, step: int, k: int = 16):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
-    ap.add_argument("--pseudo", type=float, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--factor", type=float, nargs="+", default=[hd.SPEC_FACTOR])
-    ap.add_argument("--power", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--pseudo", type=float, nargs="+", default=[1, 4, hd.PSEUDO, 16])
+    ap.add_argument("--power", type=float, nargs="+", default=[1.0, hd.POWER, 2.0])
     ap.add_argument("--step", type=int, default=3)
     a = ap.parse_args()
     from mlx_lm.utils import load_tokenizer
@@ -86,11 +85,10 @@ def main():
     # the novel control: prose drafted from a store of code (and code's own idioms)
     sets["prose-from-code"] = (sets["code"][0], sets["prose"][1])
     bins = [0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.01]
-    orig = hd.HistoryDrafter
     for c in a.pseudo:
-        for f, pw in [(f, pw) for f in a.factor for pw in a.power]:
-            hd.PSEUDO, hd.SPEC_FACTOR, hd.POWER = c, f, pw
-            print(f"pseudo-count {c}/m^{pw}, spec factor {f}")
+        for pw in a.power:
+            hd.PSEUDO, hd.POWER = c, pw
+            print(f"pseudo-count {c}/m^{pw}")
             for name, (st, qs) in sets.items():
                 r = measure(st, qs, a.step)
                 if not len(r):
@@ -106,7 +104,6 @@ def main():
                 print(f"  {name}: drafted {len(r)}, right {int(y.sum())}, log loss {ll:.3f}, est {p.sum():.0f}")
                 for cell in cells:
                     print("     ", cell)
-    del orig
 
 
 if __name__ == "__main__":

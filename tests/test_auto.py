@@ -47,9 +47,9 @@ def test_ngram_is_chosen_up_to_its_match_and_never_without_one():
 def test_a_source_that_estimates_its_tokens_is_expected_no_more_than_it_says():
     # the kept table says every drafted token was accepted; the source's own estimates say otherwise
     kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [1.0] * 6}, visits={"ngram": [200.0] * 6})
-    est = {"v": [0.05, 0.05, 0.05]}
+    est = {"v": [0.02, 0.02, 0.02]}
     p = AutoPolicy(["ngram", "model"], 6, kept, lambda s, c, k: [est["v"][:k]] if s == "ngram" else [0], warm=True)
-    assert p.plan([[0]]) == (None, 0)  # three tokens at 5% each are not worth verifying
+    assert p.plan([[0]]) == (None, 0)  # three tokens at 2% each are not worth verifying
     assert p.expected("ngram", 3, estimates=est["v"]) < 1.1 < p.expected("ngram", 3)
     est["v"] = [0.99] * 6
     assert p.plan([[0]]) == ("ngram", 6)

@@ -108,6 +108,7 @@ def test_a_narrow_draft_is_the_start_of_the_wide_one_even_from_the_memo():
         for k in (1, 3, 16):
             narrow = d.propose([prompt + out], [k], None, [None]).lengths[0]
             assert narrow == min(k, wide)
+            assert d.look(0, prompt + out, k)[1] == d.available([prompt + out], 16)[0][:k]  # the memo's estimates
             assert draft_for(store_of(*docs), prompt, out, k) == draft_for(store_of(*docs), prompt, out, 16)[:k]
 
 
@@ -116,6 +117,14 @@ def test_ids_past_the_targets_vocabulary_end_a_draft():
     d.add_rows(1)
     d.start(0, [1])
     assert d.lookup(0, [1, 5], 8) == [6]
+    assert len(d.look(0, [1, 5], 8)[1]) == 1  # one estimate per token kept
+
+
+def test_the_start_of_an_answer_anchors_a_match_that_a_short_phrase_does_not():
+    store = store_of(doc(list(range(10, 20))))  # one answer seen once, its prompt not kept
+    start = draft_for(store, [1, 2, 3], [])  # the answer's start: the match reaches the unkept prompt's place
+    mid = draft_for(store_of(doc([7, 4] + list(range(10, 20)))), [1, 2, 3], [4, 10])  # the same after a 2-token phrase
+    assert start[:6] == list(range(10, 16)) and len(mid) < 3
 
 
 # ---- the engine: exactness and greedy identity ------------------------------------------------------------------

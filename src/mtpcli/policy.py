@@ -23,6 +23,7 @@ cycle's draws (the exact law holds), and the same seed with the same stored tabl
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -207,6 +208,7 @@ class AutoPolicy:
             self.counts = [fresh() for _ in range(self.batch)]
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
+            self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
             self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
         else:
             self.counts[member] = fresh()
@@ -241,10 +243,13 @@ class AutoPolicy:
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
         B = len(contexts)
         out = {(None, 0): B / self.costs.time(None, 0)}
+        self.own_estimates = {}
         for s in self.sources:
             avail = self.available(s, contexts, self.n_max)  # per row: tokens it has, or each one's estimate
-            est = [[] if isinstance(a, int) else list(a) for a in avail] if avail is not None else [[]] * B
-            have = None if avail is None else [a if isinstance(a, int) else len(a) for a in avail]
+            count = lambda a: isinstance(a, numbers.Integral)  # noqa: E731 (a number of tokens, not estimates)
+            est = [[] if count(a) else list(a) for a in avail] if avail is not None else [[]] * B
+            have = None if avail is None else [int(a) if count(a) else len(a) for a in avail]
+            self.own_estimates[s] = est
             for k in range(1, self.n_max + 1):
                 caps = [k] * B if have is None else [min(k, a) for a in have]
                 if max(caps) < k and k > 1:
@@ -294,4 +299,7 @@ class AutoPolicy:
 
     def estimate(self, member: int = 0) -> float | None:
         s, k = self.last
-        return None if s is None else self.expected(s, k, member) - 1.0
+        if s is None:
+            return None
+        est = self.own_estimates.get(s)
+        return self.expected(s, k, member, estimates=est[member] if est and member < len(est) else ()) - 1.0

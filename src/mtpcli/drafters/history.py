@@ -141,7 +141,8 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
     m = int(lengths.max())
     c = np.concatenate(conts)[lengths == m]  # (n, k): the candidates of the longest match, the most recent last
     c = np.where(np.minimum.accumulate(c, axis=1) < 0, END, c)  # nothing past an END or OUT
-    shrink = PSEUDO / (m + LONG * bool((query[-m:] == OUT).any())) ** POWER
+    anchored = m > 0 and bool((query[query.size - m:] == OUT).any())  # the match reaches the answer's start
+    shrink = PSEUDO / max(1, m + LONG * anchored) ** POWER
     alive = np.ones(c.shape[0], bool)
     draft, probs, prob = [], [], 1.0
     for d in range(k):
@@ -179,7 +180,7 @@ class HistoryDrafter:
         self.tiers: list[Corpus] = []  # this run's finished answers, in indexes of doubling sizes
         self.taken = 0  # session documents indexed so far
         self.rows: list[Own | None] = []
-        self.memo: list[tuple] = []  # per row: (context length, k, store version, draft)
+        self.memo: list[tuple] = []  # per row: (context length, k, store version, draft, estimates)
 
     def add_rows(self, n: int) -> None:
         self.rows += [None] * n
