@@ -13,7 +13,9 @@ Arms (one process, models loaded once; every run is a fresh engine, as one `mtpc
 Pass 1 runs `history` on every template prompt (templates interleaved: tool call, module, letter, tool call, ...).
 Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram`,
 `model` and `plain`, interleaved (history, ngram, model, plain on one prompt, then the next). The control set then
-runs every arm on each prompt, with the history holding both passes. tok/s is decode speed after the first token.
+runs every arm on each prompt (`--control-rounds` times, the arms' order turning with each prompt and round), with
+the history holding both passes; control answers are not stored, so every control run sees the same history. tok/s
+is decode speed after the first token.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 XDG_DATA_HOME=$(mktemp -d) \
         python bench/history_agent.py TARGET DRAFT OUT.json [--max-tokens 48] [--every 4]
@@ -43,8 +45,10 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4, help="pass 2 runs ngram and plain on every N-th prompt")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each template (a smoke run)")
     ap.add_argument("--arms", default="ngram,model,plain", help="the arms beside history in pass 2 and the control set")
-    ap.add_argument("--resume", default="", help="a JSON of this script whose pass 1 is complete: keep its pass 1 "
-                    "and run the rest (XDG_DATA_HOME must be the same: it holds pass 1's history and cycle costs)")
+    ap.add_argument("--resume", default="", help="a JSON of this script: keep its runs of the phases not run now "
+                    "(XDG_DATA_HOME must be the same: it holds the history and cycle costs they left)")
+    ap.add_argument("--phases", default="pass1,pass2,control", help="the phases to run (with --resume: the rest)")
+    ap.add_argument("--control-rounds", type=int, default=1, help="run the control set this many times")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -65,10 +69,13 @@ def main() -> None:
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "every": args.every, "argv": sys.argv}, "runs": []}
     others = [a for a in args.arms.split(",") if a]
+    phases = [p for p in args.phases.split(",") if p]
     if args.resume:
         old = json.loads(Path(args.resume).read_text())
-        results["config"]["pass1_argv"] = old["config"]["argv"]
-        results["runs"] = [r for r in old["runs"] if r["phase"] == "pass1"]
+        kept = sorted({r["phase"] for r in old["runs"]} - set(phases))
+        results["config"]["resumed"] = {"phases": kept, "argv": old["config"]["argv"],
+                                        "earlier": old["config"].get("resumed")}
+        results["runs"] = [r for r in old["runs"] if r["phase"] in kept]
 
     def settings(extra, max_tokens=None):
         over = {"model": args.target, "draft_model": args.draft, "temp": 0.0,
@@ -79,7 +86,7 @@ def main() -> None:
         settle_draft(s, target)
         return s
 
-    def one(s, ids):
+    def one(s, ids, keep=True):
         t_open = time.perf_counter()
         store = open_history(s, target)
         engine = build_engine(s, target, draft if s.values["draft_model"] else None, store=store)
@@ -91,21 +98,21 @@ def main() -> None:
             if first is None:
                 first = (len(tokens), time.perf_counter())
         end = time.perf_counter()
-        if store is not None:
+        if store is not None and keep:
             store.add(ids, tokens)
             store.save()
         remember_costs(engine)
         return (engine.stats.to_dict(), tokens, (len(tokens) - first[0], end - first[1]), end - t0,
                 {"setup_s": t0 - t_open, "history_load_s": hist.load_s if hist else None})
 
-    def record(phase, item, arm):
+    def record(phase, item, arm, round_=0):
         ids = encode_prompt(target.tokenizer, item["prompt"], None, None)
-        d, toks, steady, wall, setup = one(settings(arms[arm]), ids)
+        d, toks, steady, wall, setup = one(settings(arms[arm]), ids, keep=phase != "control")
         rec = {"phase": phase, "template": item["template"], "prompt": item["name"], "arm": arm, "tokens": toks,
                "text": target.tokenizer.decode(toks), "steady_tokens": steady[0], "steady_s": steady[1],
                "tok_s": steady[0] / steady[1] if steady[1] > 0 else 0.0, "wall_s": wall, **setup,
                "tokens_per_cycle": d["tokens_per_cycle"], "acceptance_rate": d["acceptance_rate"],
-               "sources": d["sources"], "width_hist": d["draft_width_hist"]}
+               "sources": d["sources"], "width_hist": d["draft_width_hist"], "round": round_}
         results["runs"].append(rec)
         mix = " ".join(f"{k}:{v['cycles']}" for k, v in d["sources"].items())
         print(f"{phase:7s} {item['name']:18s} {arm:8s} {rec['tok_s']:6.3f} tok/s {d['tokens_per_cycle']:5.2f} tok/cycle"
@@ -116,10 +123,10 @@ def main() -> None:
     tune = encode_prompt(target.tokenizer, "Write a Python function that merges two sorted lists.", None, None)
     for arm in arms:  # warm-up: compile, page the weights in (history off: nothing stored)
         one(settings({**arms[arm], "history": False}, 6), tune)
-    for arm in ("history", "ngram", "model") if not args.resume else ():  # calibration: this machine's cycle costs,
-        one(settings({**arms[arm], "history": False}, 32), tune)  # as a user's first run stores them
+    for arm in ("history", "ngram", "model") if "pass1" in phases else ():  # calibration: this machine's cycle
+        one(settings({**arms[arm], "history": False}, 32), tune)  # costs, as a user's first run stores them
 
-    for phase in ("pass1", "pass2") if not args.resume else ("pass2",):
+    for phase in [p for p in ("pass1", "pass2") if p in phases]:
         counts: dict[str, int] = {}
         for item in templates:
             i = counts.get(item["template"], 0)
@@ -128,9 +135,11 @@ def main() -> None:
             if phase == "pass2" and i % args.every == 0:
                 for arm in others:
                     record(phase, item, arm)
-    for item in control:
-        for arm in ["history"] + others:
-            record("control", item, arm)
+    order = ["history"] + others
+    for r in range(args.control_rounds if "control" in phases else 0):
+        for i, item in enumerate(control):  # the arms' order turns with each prompt and round
+            for arm in order[(i + r) % len(order):] + order[:(i + r) % len(order)]:
+                record("control", item, arm, r)
     mx.clear_cache()
 
 

@@ -55,6 +55,15 @@ def test_a_source_that_estimates_its_tokens_is_expected_no_more_than_it_says():
     assert p.plan([[0]]) == ("ngram", 6)
 
 
+def test_a_source_never_drafts_wider_than_its_own_widest():
+    always = Costs(1.0, {"ngram": 0.01, "model": 0.01}, accept={"ngram": [1.0] * 16, "model": [1.0] * 16},
+                   visits={"ngram": [200.0] * 16, "model": [200.0] * 16})
+    p = AutoPolicy(["ngram", "model"], 16, always, warm=True, widest={"ngram": 8, "model": 4})
+    assert {k for (s, k) in p.scores([[0]]) if s == "ngram"} == set(range(1, 9))
+    assert max(k for (s, k) in p.scores([[0]]) if s == "model") == 4
+    assert p.plan([[0]]) == ("ngram", 8)
+
+
 def test_a_full_accept_is_censored_per_position():
     p = policy()
     before = p.acceptance("model")

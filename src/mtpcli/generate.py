@@ -27,7 +27,7 @@ from .stats import RunStats, render
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
-AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
+AUTO_N_MAX_HISTORY = 16  # ... for the history when it is on (a stored answer repeated is worth long drafts)
 
 
 def err(msg: str) -> None:
@@ -194,7 +194,10 @@ def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None,
     if "mtp" in names:
         ratio["mtp"] = _params(models.mtp_head(target)) / _params(target.model)
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
-    return AutoPolicy(names, s.values["n_max"], prior, drafter.available)
+    widest = {}  # the history's default widest draft (16) is for the history: the other sources keep theirs
+    if "history" in names and s.origins.get("n_max", "default") == "default":
+        widest = {n: AUTO_N_MAX for n in names if n != "history"}
+    return AutoPolicy(names, s.values["n_max"], prior, drafter.available, widest=widest)
 
 
 def _kept(value) -> "Costs | None":

@@ -186,12 +186,14 @@ class AutoPolicy:
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
-                 batch: int = 1, warm: bool = False):
+                 batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step. A cold run takes plain
-        steps at its 2nd to 4th cycles unless it took some anyway: the intercept of the time line it keeps."""
+        steps at its 2nd to 4th cycles unless it took some anyway: the intercept of the time line it keeps.
+        `widest`: a source's widest draft where it is narrower than n_max."""
         if n_max < 1:
             raise ValueError(f"n_max must be >= 1 (got {n_max})")
         self.sources, self.n_max, self.costs, self.available = list(sources), n_max, costs, available
+        self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.batch = batch
         self.use(costs, warm)
         self.key = ""  # where the table is kept
@@ -250,7 +252,7 @@ class AutoPolicy:
             est = [[] if count(a) else list(a) for a in avail] if avail is not None else [[]] * B
             have = None if avail is None else [int(a) if count(a) else len(a) for a in avail]
             self.own_estimates[s] = est
-            for k in range(1, self.n_max + 1):
+            for k in range(1, self.widest.get(s, self.n_max) + 1):
                 caps = [k] * B if have is None else [min(k, a) for a in have]
                 if max(caps) < k and k > 1:
                     break  # no row has more to give
