@@ -52,6 +52,26 @@ def main(path: str) -> None:
         print(f"| {t} | {len(names)} | " + " | ".join(f"{v[a]:.2f}" for a in arms)
               + "".join(f" | {v['history'] / v[a]:.2f}x" for a in others) + " | "
               + " / ".join(f"{tpc(got[a]):.2f}" for a in arms) + " |")
+    control = [r for r in runs if r["phase"] == "control"]
+    if control:
+        print("\n| control prompt | round | " + " | ".join(f"{a} tok/s" for a in arms)
+              + "".join(f" | history / {a}" for a in others) + " | history arm: cycles by source |")
+        print("|---|---|" + "---|" * (len(arms) + len(others) + 1))
+        keys = list(dict.fromkeys((r["prompt"], r.get("round", 0)) for r in control))
+        for prompt, rnd in sorted(keys, key=lambda k: (k[1], keys.index(k))):
+            got = {r["arm"]: r for r in control if r["prompt"] == prompt and r.get("round", 0) == rnd}
+            if not all(a in got for a in arms):
+                continue
+            mix = ", ".join(f"{k} {v['cycles']}" + (f" ({v['accepted']}/{v['drafted']} accepted)" if v["drafted"] else "")
+                            for k, v in got["history"]["sources"].items())
+            print(f"| {prompt} | {rnd + 1} | " + " | ".join(f"{got[a]['tok_s']:.2f}" for a in arms)
+                  + "".join(f" | {got['history']['tok_s'] / got[a]['tok_s']:.2f}x" for a in others) + f" | {mix} |")
+        for arm in arms:
+            drafted = sum(v["drafted"] for r in control if r["arm"] == arm for v in r["sources"].values())
+            accepted = sum(v["accepted"] for r in control if r["arm"] == arm for v in r["sources"].values())
+            cycles = sum(v["cycles"] for r in control if r["arm"] == arm for k, v in r["sources"].items() if k != "plain")
+            print(f"\ncontrol, {arm}: {cycles} drafting cycles, {drafted} tokens drafted, {accepted} accepted", end="")
+        print()
     loads = [r["history_load_s"] for r in runs if r.get("history_load_s") is not None]
     if loads:
         print(f"\nReading and indexing the store before each history run: median {statistics.median(loads) * 1000:.0f} ms,"

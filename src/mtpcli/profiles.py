@@ -81,8 +81,8 @@ SCHEMA: dict[str, Key] = {k.name: k for k in [
     Key("controller", str, "ema", "Adaptive width policy: ema (censoring-aware EMA) or cost (tokens per second).",
         _choice("ema", "cost"), "one of ema, cost", "--spec-draft-controller"),
     Key("n_min", int, 1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min"),
-    Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, 16 with "
-        "the history).", _rng(1, 64),
+    Key("n_max", int, None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, and 16 for "
+        "the history's drafts when it is on).", _rng(1, 64),
         "1..64",
         "--spec-draft-n-max"),
     Key("p_min", float, 0.0, "Draft confidence floor: stop drafting below this draft probability; 0 = off.",
