@@ -14,8 +14,8 @@ Pass 1 runs `history` on every template prompt (templates interleaved: tool call
 Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram`,
 `model` and `plain`, interleaved (history, ngram, model, plain on one prompt, then the next). The control set then
 runs every arm on each prompt (`--control-rounds` times, the arms' order turning with each prompt and round), with
-the history holding both passes; control answers are not stored, so every control run sees the same history. tok/s
-is decode speed after the first token.
+the history holding both passes; control answers are not stored, so every control run sees the same history (the
+kept cycle-cost table still learns from them, as from any run). tok/s is decode speed after the first token.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 XDG_DATA_HOME=$(mktemp -d) \
         python bench/history_agent.py TARGET DRAFT OUT.json [--max-tokens 48] [--every 4]
@@ -47,7 +47,8 @@ def main() -> None:
     ap.add_argument("--arms", default="ngram,model,plain", help="the arms beside history in pass 2 and the control set")
     ap.add_argument("--resume", default="", help="a JSON of this script: keep its runs of the phases not run now "
                     "(XDG_DATA_HOME must be the same: it holds the history and cycle costs they left)")
-    ap.add_argument("--phases", default="pass1,pass2,control", help="the phases to run (with --resume: the rest)")
+    ap.add_argument("--phases", default="", help="the phases to run, of pass1,pass2,control (default: all; with "
+                    "--resume, pass2,control); the runs of the others are kept from the resumed JSON")
     ap.add_argument("--control-rounds", type=int, default=1, help="run the control set this many times")
     args = ap.parse_args()
 
@@ -69,7 +70,9 @@ def main() -> None:
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "every": args.every, "argv": sys.argv}, "runs": []}
     others = [a for a in args.arms.split(",") if a]
-    phases = [p for p in args.phases.split(",") if p]
+    phases = [p for p in (args.phases or ("pass2,control" if args.resume else "pass1,pass2,control")).split(",") if p]
+    if not phases or set(phases) - {"pass1", "pass2", "control"}:
+        sys.exit(f"--phases: expected some of pass1,pass2,control, got {args.phases!r}")
     if args.resume:
         old = json.loads(Path(args.resume).read_text())
         kept = sorted({r["phase"] for r in old["runs"]} - set(phases))

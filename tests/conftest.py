@@ -3,6 +3,10 @@ import os
 import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # several workers (pytest-xdist): share the cores, not each take all
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_var, _threads)
 
 
 @pytest.fixture(autouse=True)

@@ -356,8 +356,8 @@ def _gen(cli, model, *extra, env=None):
 def test_generate_with_history_drafts_from_the_last_run_and_stays_greedy_identical(cli, tiny_paths, tmp_path):
     model = str(tiny_paths["target"])
     plain = _gen(cli, model, "--draft", "none")
-    first = _gen(cli, model, "--history")
-    second = _gen(cli, model, "--history")
+    first = _gen(cli, model, "--history")  # under auto (what it picks depends on measured times)
+    second = _gen(cli, model, "--draft", "history")  # the history alone: what it drafts depends on the store only
     assert first["text"] == second["text"] == plain["text"]
     hist = second["stats"]["sources"].get("history", {})
     assert hist.get("accepted", 0) >= 20  # the second run drafted its answer from the first
@@ -433,3 +433,20 @@ def test_agent_json_turns_the_history_on_and_the_readme_documents_it():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for text in ("--history", "mtpcli history stats", "history clear", "history export", "docs/perf/history.md"):
         assert text in readme, text
+
+
+def test_with_the_history_on_only_its_drafts_are_16_wide_unless_n_max_is_set(tiny):
+    from mtpcli import profiles
+    from mtpcli.generate import AUTO_N_MAX, build_engine, settle_draft
+
+    target, _ = tiny
+
+    def policy(**over):
+        s = profiles.resolve("exact", {"model": "tiny", "history": True, **over}, env={})
+        settle_draft(s, target)
+        return build_engine(s, target, None, store=store_of()).controller
+
+    pol = policy()
+    assert pol.n_max == 16 and pol.widest == {"ngram": AUTO_N_MAX}
+    pinned = policy(n_max=16)  # set by the user: every source may draft 16
+    assert pinned.n_max == 16 and pinned.widest == {}

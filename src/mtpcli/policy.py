@@ -247,12 +247,13 @@ class AutoPolicy:
         out = {(None, 0): B / self.costs.time(None, 0)}
         self.own_estimates = {}
         for s in self.sources:
-            avail = self.available(s, contexts, self.n_max)  # per row: tokens it has, or each one's estimate
+            widest = self.widest.get(s, self.n_max)
+            avail = self.available(s, contexts, widest)  # per row: tokens it has, or each one's estimate
             count = lambda a: isinstance(a, numbers.Integral)  # noqa: E731 (a number of tokens, not estimates)
             est = [[] if count(a) else list(a) for a in avail] if avail is not None else [[]] * B
             have = None if avail is None else [int(a) if count(a) else len(a) for a in avail]
             self.own_estimates[s] = est
-            for k in range(1, self.widest.get(s, self.n_max) + 1):
+            for k in range(1, widest + 1):
                 caps = [k] * B if have is None else [min(k, a) for a in have]
                 if max(caps) < k and k > 1:
                     break  # no row has more to give
