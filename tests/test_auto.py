@@ -179,14 +179,9 @@ def test_auto_greedy_is_token_identical_on_windowed_and_hybrid_targets(tiny, tmp
     """draft = auto over n-gram lookup and the draft model, on a target whose sliding-window layers are masked
     and on one whose recurrent layers roll back by snapshot and replay: the same tokens as plain decoding."""
     from mtpcli import models
-    from tiny import make_hybrid_model, make_model
+    from tiny import make_target
 
-    if kind == "sliding-window":
-        path = make_model(tmp_path / "m", layers=2, sliding_window=16,
-                          layer_types=["sliding_attention", "full_attention"])
-    else:
-        path = make_hybrid_model(tmp_path / "h", seed=3)
-    target = models.load(str(path))
+    target = models.load(str(make_target(kind, tmp_path)))
     _, draft = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
     plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)

@@ -161,14 +161,9 @@ def test_greedy_with_the_history_is_token_identical_on_windowed_and_hybrid_targe
     """History drafts on a target whose sliding-window layers are masked and on one whose recurrent layers roll back
     by snapshot and replay: the same tokens as plain decoding, right and wrong drafts alike."""
     from mtpcli import models
-    from tiny import make_hybrid_model, make_model
+    from tiny import make_target
 
-    if kind == "sliding-window":
-        path = make_model(tmp_path / "m", layers=2, sliding_window=16,
-                          layer_types=["sliding_attention", "full_attention"])
-    else:
-        path = make_hybrid_model(tmp_path / "h", seed=3)
-    target = models.load(str(path))
+    target = models.load(str(make_target(kind, tmp_path)))
     ids = list(target.tokenizer.encode("abcabcabcabc"))
     plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=60))
     want = [t for ev in plain.generate([Request(0, ids, 60, 0)]) for t in ev.tokens]
@@ -278,15 +273,20 @@ def _write_many(path, worker):
         assert s.save() == 40
 
 
-def test_two_concurrent_writers_lose_nothing(tmp_path):
-    path = tmp_path / "h.sqlite"
+def _two_writers(write, path):
+    """Run write(path, worker) in two processes at once (workers 1 and 2); both must succeed."""
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_write_many, args=(str(path), w)) for w in (1, 2)]
+    procs = [ctx.Process(target=write, args=(str(path), w)) for w in (1, 2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
+
+
+def test_two_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "h.sqlite"
+    _two_writers(_write_many, path)
     got = {tuple(d.output.tolist()) for d in Store("tok", path=path).load().docs}
     assert got == {(w, i, j) for w in (1, 2) for i in range(5) for j in range(40)}
 
@@ -303,13 +303,7 @@ def test_concurrent_writers_under_a_cap_keep_exactly_the_newest(tmp_path):
     import sqlite3
 
     path = tmp_path / "h.sqlite"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_write_capped, args=(str(path), w)) for w in (1, 2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    _two_writers(_write_capped, path)
     ids = [r[0] for r in sqlite3.connect(path).execute("SELECT id FROM docs ORDER BY id")]
     assert len(ids) == 50 and ids == list(range(401 - 50, 401))  # 400 written, the newest 50 kept, no gap
 

@@ -38,11 +38,9 @@ def test_confidence_floor_keeps_the_exact_law_at_t1(tiny, batch_size):
 
 @pytest.fixture(scope="module")
 def windowed(tmp_path_factory):
-    from tiny import make_model
+    from tiny import make_windowed_model
 
-    path = make_model(tmp_path_factory.mktemp("swa") / "m", layers=2, sliding_window=16,
-                      layer_types=["sliding_attention", "full_attention"])
-    return models.load(str(path))
+    return models.load(str(make_windowed_model(tmp_path_factory.mktemp("swa") / "m")))
 
 
 @pytest.mark.parametrize("bucketed", [False, True])

@@ -78,6 +78,16 @@ def _save(model, config: dict, path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config, indent=1))
 
 
+def make_windowed_model(path: str | Path) -> Path:
+    """A tiny llama whose first layer attends over a sliding window of 16 (masked, not trimmed, on rollback)."""
+    return make_model(path, layers=2, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+
+
+def make_target(kind: str, root: Path) -> Path:
+    """A tiny target of a cache kind that rolls back unlike plain attention: "sliding-window" or "hybrid"."""
+    return make_windowed_model(root / "m") if kind == "sliding-window" else make_hybrid_model(root / "h", seed=3)
+
+
 def make_hybrid_model(path: str | Path, seed: int = 0, logit_scale: float = 4.0) -> Path:
     """A tiny Qwen3-Next-style hybrid: gated-delta (recurrent) layers between attention layers."""
     from mlx_lm.models import qwen3_next

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runlog import data_dir
+from .runlog import data_dir, writing
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
@@ -135,19 +135,10 @@ class Store:
                  d.output.size * DTYPE.itemsize + (0 if d.prompt is None else d.prompt.size * DTYPE.itemsize))
                 for d in self.session]
         try:
-            con = _connect(self.path, create=True)
-            try:
-                con.execute("BEGIN IMMEDIATE")
-                try:
-                    con.executemany("INSERT INTO docs (time, tokenizer, model, prompt, output, bytes)"
-                                    " VALUES (?,?,?,?,?,?)", rows)
-                    evict(con, self.cap_bytes)
-                    con.execute("COMMIT")
-                except BaseException:
-                    con.execute("ROLLBACK")
-                    raise
-            finally:
-                con.close()
+            with writing(_connect(self.path, create=True)) as con:
+                con.executemany("INSERT INTO docs (time, tokenizer, model, prompt, output, bytes)"
+                                " VALUES (?,?,?,?,?,?)", rows)
+                evict(con, self.cap_bytes)
         except (StoreError, sqlite3.Error, OSError) as e:
             warn(f"history not saved ({self.path}): {e}")
             return 0

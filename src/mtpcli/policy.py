@@ -35,6 +35,11 @@ WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
 
 
+def _count(a) -> bool:
+    """What `available` said of a row is a number of tokens, not each token's estimate."""
+    return isinstance(a, numbers.Integral)
+
+
 @dataclass
 class Costs:
     """Cycle time model: plain seconds + k * per_token[source] seconds; and each source's acceptance by position
@@ -249,9 +254,8 @@ class AutoPolicy:
         for s in self.sources:
             widest = self.widest.get(s, self.n_max)
             avail = self.available(s, contexts, widest)  # per row: tokens it has, or each one's estimate
-            count = lambda a: isinstance(a, numbers.Integral)  # noqa: E731 (a number of tokens, not estimates)
-            est = [[] if count(a) else list(a) for a in avail] if avail is not None else [[]] * B
-            have = None if avail is None else [int(a) if count(a) else len(a) for a in avail]
+            est = [[] if _count(a) else list(a) for a in avail] if avail is not None else [[]] * B
+            have = None if avail is None else [int(a) if _count(a) else len(a) for a in avail]
             self.own_estimates[s] = est
             for k in range(1, widest + 1):
                 caps = [k] * B if have is None else [min(k, a) for a in have]

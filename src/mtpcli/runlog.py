@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -168,30 +169,37 @@ def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
         return None  # an old log without the table, or a damaged one: left untouched
 
 
+@contextlib.contextmanager
+def writing(con: sqlite3.Connection):
+    """One write transaction that waits for other writers (BEGIN IMMEDIATE): committed if the block ends, rolled
+    back if it raises; the connection is closed either way."""
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    finally:
+        con.close()
+
+
 def update_costs(key: str, settle, path: Path | None = None) -> None:
     """Read the kept value, settle(value or None) -> the value to keep or None (keep it), write: one transaction,
     so concurrent runs settle one after another and none loses the other's update."""
     if disabled():
         return
     try:
-        con = _connect(path or log_path(), create=True)
-        try:
-            con.execute("BEGIN IMMEDIATE")
+        with writing(_connect(path or log_path(), create=True)) as con:
+            row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
             try:
-                row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
-                try:
-                    current = json.loads(row[0]) if row else None
-                except ValueError:
-                    current = {}  # unreadable: settle() keeps nothing over it unless it can
-                value = settle(current)
-                if value is not None:
-                    con.execute("INSERT INTO costs (key, value, time) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE "
-                                "SET value = excluded.value, time = excluded.time", (key, json.dumps(value), time.time()))
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-        finally:
-            con.close()
+                current = json.loads(row[0]) if row else None
+            except ValueError:
+                current = {}  # unreadable: settle() keeps nothing over it unless it can
+            value = settle(current)
+            if value is not None:
+                con.execute("INSERT INTO costs (key, value, time) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE "
+                            "SET value = excluded.value, time = excluded.time", (key, json.dumps(value), time.time()))
     except (OSError, sqlite3.Error, UsageError):
         pass  # a cache of measurements: the next run measures again (the run log's own warning says the log failed)
