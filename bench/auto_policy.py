@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--temps", default="0,1")
     ap.add_argument("--classes", default="", help="only classes whose name contains one of these (comma-separated)")
+    ap.add_argument("--prompts", nargs="*", help="these prompt files instead (tuning: tune on prompts not reported)")
+    ap.add_argument("--arms", default=",".join(a for a, _, _ in ARMS), help="these arms only (comma-separated)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -53,9 +55,11 @@ def main() -> None:
 
     target = models.load(args.target, "target model")
     draft = models.load(args.draft, "draft model")
-    items = [it for it in prompts() if not args.classes or any(c in it[0] for c in args.classes.split(","))]
+    arms = [a for a in ARMS if a[0] in args.arms.split(",")]
+    items = [(f"tune/{Path(f).stem}", Path(f).stem, Path(f).read_text()) for f in args.prompts] if args.prompts else \
+        [it for it in prompts() if not args.classes or any(c in it[0] for c in args.classes.split(","))]
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
-                          "arms": [a for a, _, _ in ARMS], "argv": sys.argv}, "runs": []}
+                          "arms": [a for a, _, _ in arms], "argv": sys.argv}, "runs": []}
 
     def settings(profile, extra, temp):
         over = {"model": args.target, "draft_model": args.draft, "temp": float(temp), "max_tokens": args.max_tokens,
@@ -78,13 +82,13 @@ def main() -> None:
     tune = encode_prompt(target.tokenizer, (ROOT / "src/mtpcli/bench_prompts/code/lru_cache.txt").read_text(),
                          None, None)
     for temp in args.temps.split(","):
-        for arm, profile, extra in ARMS:  # warm-up: compile, page the weights in
+        for arm, profile, extra in arms:  # warm-up: compile, page the weights in
             one(settings(profile, {**extra, "max_tokens": 6}, temp), tune)
         st, _, _, auto = one(settings("exact", {"max_tokens": 32}, temp), tune)  # calibration: costs stored
         print(f"T={temp} calibration: {json.dumps(auto)}", file=sys.stderr, flush=True)
         for cls, name, text in items:
             ids = encode_prompt(target.tokenizer, text, None, None)
-            for arm, profile, extra in ARMS:
+            for arm, profile, extra in arms:
                 st, toks, steady, auto = one(settings(profile, extra, temp), ids)
                 d = st.to_dict()
                 rec = {"temp": float(temp), "class": cls, "prompt": name, "arm": arm, "tokens": toks,

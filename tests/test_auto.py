@@ -64,6 +64,42 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
     assert p.plan([[0]]) == ("ngram", 8)
 
 
+def test_the_floor_is_what_one_more_token_must_bring_to_keep_the_runs_rate():
+    p = policy(Costs(1.0, {"ngram": 0.05, "model": 0.3}, {"model": [0.9] * 6}),
+               avail=lambda s, c, k: [0] * len(c) if s == "ngram" else None)
+    assert p.floor("model") == pytest.approx(0.3)  # nothing made yet: a plain step's rate, 1 token a second
+    for _ in range(30):  # every draft of 4 passes: 5 tokens in the table's 2.2 s
+        p.update([4], [4], source="model")
+    assert p.floor("model") == pytest.approx(0.3 * 5 / 2.2, rel=0.02)
+    for _ in range(30):  # then none passes: back to a plain step's rate, never below it
+        p.update([4], [0], source="model")
+    assert p.floor("model") == pytest.approx(0.3)
+
+
+def test_autoregress_stops_a_row_once_its_chance_to_pass_falls_below_the_floor():
+    from mtpcli.drafters import autoregress, passes
+
+    confs = [[0.99, 0.99, 0.3, 0.99], [0.99] * 4]  # row 0 turns unsure at its third position
+    calls = []
+
+    def step(t):
+        j = len(calls)
+        calls.append(j)
+        logits = np.zeros((2, 8), np.float32)
+        for b in range(2):  # most likely token j with probability confs[b][j], the rest spread evenly
+            logits[b] = np.log((1 - confs[b][j]) / 7)
+            logits[b, j] = np.log(confs[b][j])
+        return mx.array(logits)
+
+    d = autoregress(step, [4, 4], SamplingParams(), [None, None], floor=0.5)
+    chance = passes(0.99, True) ** 2 * passes(0.3, True)
+    assert chance < 0.5 < passes(0.99, True) ** 4
+    assert d.lengths == [2, 4] and d.requested == [4, 4]
+    assert d.tokens[1].tolist() == [0, 1, 2, 3]
+    calls.clear()
+    assert autoregress(step, [4, 4], SamplingParams(), [None, None]).lengths == [4, 4]  # no floor: as asked
+
+
 def test_a_full_accept_is_censored_per_position():
     p = policy()
     before = p.acceptance("model")
@@ -148,6 +184,7 @@ def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, s
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
     pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available, warm=True)  # no calibration steps
+    drafter.floor = pol.floor  # as generate.auto_policy wires it: the draft model stops where it is unsure
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
                   batch_size)
 
@@ -230,6 +267,7 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
     assert 0.2 < eng.stats.acceptance_rate < 0.98
+    assert 20 < eng.stats.floor_cut < used["model"] * 250  # the floor cut some rows' drafts, not all
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
     assert fits(np.bincount(first, minlength=len(p1)), p1)

@@ -197,7 +197,9 @@ def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None,
     widest = {}  # the history's default widest draft (16) is for the history: the other sources keep theirs
     if "history" in names and s.origins.get("n_max", "default") == "default":
         widest = {n: AUTO_N_MAX for n in names if n != "history"}
-    return AutoPolicy(names, s.values["n_max"], prior, drafter.available, widest=widest)
+    policy = AutoPolicy(names, s.values["n_max"], prior, drafter.available, widest=widest)
+    drafter.floor = policy.floor
+    return policy
 
 
 def _kept(value) -> "Costs | None":

@@ -7,17 +7,25 @@ E comes from per-row, per-source, per-position conditional acceptance estimates 
 whose draft reached it and had not been rejected before it, so a fully accepted draft, or one cut short, says
 nothing about the positions it did not reach: censored). The counts decay every cycle, so a source that has not
 been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
-source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those. The
-history also estimates each token's chance, and no position is expected to do better than that estimate.
+source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
+N-gram lookup and the history also estimate each token's chance (from the match behind it), and no position is
+expected to do better than that estimate.
 
 T(s, k) = plain + k * per_token[s]: seconds of a plain step plus the seconds each drafted token of source s adds
 (drafting it and verifying it). The choice uses a fixed `Costs` table for the whole run: the one earlier runs on
 this machine left (the run log keeps it per model, draft, machine, sampling and batch size; it also holds each
 source's acceptance by position, the prior of a row's estimates), or the prior from the models' sizes. Meanwhile
 `Measured` records this run, to be kept for the next one. A source's expected tokens get an exploration bonus that
-shrinks with the evidence (EXPLORE / sqrt(1 + reached)), so a source the table calls poor is still tried now and
+shrinks with the evidence (EXPLORE / (1 + reached)), so a source the table calls poor is still tried now and
 then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
 cycle's draws (the exact law holds), and the same seed with the same stored table gives the same output.
+
+Within a cycle, a source that drafts autoregressively stops a row where the next token is not worth its cost: one more
+token brings (chance that it and every draft before it pass) tokens for per_token[s] seconds, worth it while that is
+at least the rate the run makes, so a row stops once the chance falls below per_token[s] * rate (`floor`; the rate:
+recent committed tokens over the table's times of their cycles; the chance: from the draft's own confidence,
+drafters.passes). The policy picks the widest a row may go; the
+draft's confidence cuts it where it is unsure (prose: often at once, a draft step's cost instead of a rejected draft).
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from typing import Callable, Sequence
 
 PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
 PRIOR_WEIGHT = 1.5  # ... worth this many observations
-EXPLORE = 0.3  # optimism added to a position's acceptance, / sqrt(1 + times it was reached)
+EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + times it was reached)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
+RATE_DECAY = 0.8  # the rate a draft must keep up with: the last ~5 cycles'
 WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
 
@@ -215,6 +224,7 @@ class AutoPolicy:
             self.counts = [fresh() for _ in range(self.batch)]
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
+            self.made, self.spent = 1.0, self.costs.plain  # tokens per row and the table's seconds, decaying
             self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
             self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
         else:
@@ -225,7 +235,7 @@ class AutoPolicy:
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
         acc, reached = self.counts[member][source]
         prior = self.costs.prior_accept(source, self.n_max)
-        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / math.sqrt(1 + r) if explore else 0))
+        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / (1 + r) if explore else 0))
                 for a, r, p in zip(acc, reached, prior)]
 
     def expected(self, source: str, k: int, member: int = 0, explore: bool = False,
@@ -276,6 +286,14 @@ class AutoPolicy:
         self.last = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         return self.last
 
+    def floor(self, source: str) -> float:
+        """Stop a row's draft of `source` once the chance that all of it passes falls below this: the tokens one
+        more drafted token must bring to keep up with the rate the run has made lately (committed tokens per second
+        of the table's cycle times, recent cycles weighing most; never below a plain step's rate). From committed
+        tokens and the fixed table only, as every choice here."""
+        rate = max(self.made / self.spent, 1.0 / self.costs.plain)
+        return min(0.95, self.costs.per_token.get(source, self.costs.plain) * rate)
+
     def width(self) -> int:
         return self.last[1]
 
@@ -301,6 +319,8 @@ class AutoPolicy:
                     reached[i] += 1
                     acc[i] += i < a
         k = max(drafted, default=0)
+        self.made = RATE_DECAY * self.made + sum(a + 1 for a in accepted) / len(accepted)
+        self.spent = RATE_DECAY * self.spent + self.costs.time(source, k)
         if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
             self.fit.add(source, k, seconds)
 

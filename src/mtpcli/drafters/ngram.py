@@ -3,12 +3,27 @@
 No second model and near-zero cost; the proposal is deterministic (q one-hot), which the exact law
 handles: a token is accepted with probability p(token). Suffix lengths are tried longest first. One index
 per row of the batch; rows propose up to their own cap (ragged lengths, padded).
+
+Before drafting, `auto` asks each row's draft as each token's estimated probability given the ones before it
+(`available`): with m the true match length (how far the context's end and the occurrence's end agree, looking
+back past the n-gram, up to MAX_MATCH), draft token d is estimated 1 / (1 + PSEUDO / (m + d) ** POWER) (once the
+d tokens before it are right, the match is d longer). A 2-token match of common tokens is a guess; a repeated
+passage is not. On text the estimates fall a little short of how often a draft token is right (prose by ~8%,
+code by ~14%): better an n-gram draft skipped than one verified for nothing.
 """
 
 from __future__ import annotations
 
-
 from . import Draft, deterministic
+
+MAX_MATCH = 32  # longest true match measured
+# bench/ngram_calibrate.py (the standard library and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
+PSEUDO, POWER = 10.0, 1.5
+
+
+def estimates(m: int, n: int) -> list[float]:
+    """The estimates of n draft tokens after a true match of m tokens."""
+    return [1.0 / (1.0 + PSEUDO / (m + d) ** POWER) for d in range(n)]
 
 
 class Index:
@@ -18,7 +33,10 @@ class Index:
         self.tables: dict[int, dict[tuple, int]] = {n: {} for n in range(n_min, n_max + 1)}
         self.done = {n: 0 for n in self.tables}  # positions indexed so far, per n
 
-    def lookup(self, context: list[int], k: int) -> list[int]:
+    def find(self, context: list[int]) -> tuple[int, int] | None:
+        """(end, m): the latest earlier occurrence of the context's last n tokens (longest n first) ends before
+        `end`, and m tokens before `end` equal the context's last m (the true match, n or more, up to MAX_MATCH).
+        None without a match."""
         for n, table in self.tables.items():
             # index every start i whose n-gram has a continuation inside the context: i + n < len(context)
             for i in range(self.done[n], len(context) - n):
@@ -27,8 +45,22 @@ class Index:
         for n in sorted(self.tables, reverse=True):
             i = self.tables[n].get(tuple(context[-n:])) if len(context) > n else None
             if i is not None:
-                return context[i + n : i + n + k]
-        return []
+                end, m = i + n, n
+                while m < MAX_MATCH and m < end and context[end - 1 - m] == context[-1 - m]:
+                    m += 1
+                return end, m
+        return None
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        return self.look(context, k)[0]
+
+    def look(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        """The draft of up to k tokens and each token's estimate given the ones before it."""
+        found = self.find(context)
+        if found is None:
+            return [], []
+        draft = context[found[0] : found[0] + k]
+        return draft, estimates(found[1], len(draft))
 
 
 class NgramDrafter:
@@ -52,9 +84,10 @@ class NgramDrafter:
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.rows[row] = Index(self.n_min, self.n_max)
 
-    def available(self, contexts, k: int) -> list[int]:
-        """How many tokens each row would get at width k (what `auto` weighs before choosing)."""
-        return [len(ix.lookup(c, k)) for ix, c in zip(self.rows, contexts)]
+    def available(self, contexts, k: int) -> list[list[float]]:
+        """Each row's draft at width k as each token's estimated probability given the ones before it (what
+        `auto` weighs: it expects no more of a position than this); [] where there is no match."""
+        return [ix.look(c, k)[1] for ix, c in zip(self.rows, contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         return deterministic([ix.lookup(c, k) if k > 0 else [] for ix, c, k in zip(self.rows, contexts, caps)])
