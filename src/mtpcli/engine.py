@@ -4,7 +4,9 @@ Each cycle: plan ONE source and width for the batch (controller), propose (draft
 acceptance law, one host sync, commit, roll back. Rows that finish are refilled from the queue; when it is empty
 they leave the batch. A row draws only with its own keys (the same schedule whatever its neighbours), so at a
 fixed width a row gives exactly the tokens it gives alone. Plain steps (width 0) are launched before the previous
-one is read back, so the device computes step t+1 while the host handles step t, as mlx-lm's own loop does.
+one is read back, so the device computes step t+1 while the host handles step t, as mlx-lm's own loop does; under a
+policy too (draft = auto, one row), where it plans another plain step from the tokens committed before the one in
+flight (a choice that depends on committed tokens only, as every choice).
 """
 
 from __future__ import annotations
@@ -171,9 +173,10 @@ class Engine:
         pending = None
         try:
             while self.rows or pending:
-                chain = pending is not None and not self.drafter.speculates
                 going = any(r.generated + 1 < r.req.max_tokens for r in self.rows)  # past the step in flight
-                nxt = self._launch(pending) if chain and going else None
+                plan = self._chain(pending) if going else None
+                chain = plan is not None
+                nxt = self._launch(pending, plan) if chain else None
                 if pending is not None:
                     yield from self._complete(pending)
                     if nxt is not None and pending.redone:  # nxt started from a token the redo replaced
@@ -217,6 +220,19 @@ class Engine:
                 part.keep_rows(live)
             keep_members(self.controller, live)
 
+    def _chain(self, c: "Cycle | None") -> tuple[str | None, int] | None:
+        """The plan of a plain step to launch while plain step `c` is in flight, or None: always without a drafter;
+        under a policy, when it plans one from the committed tokens (one row in one process, no hidden states to
+        hand a drafter, a target that can undo a step)."""
+        if c is None or c.width:
+            return None
+        if not self.drafter.speculates:
+            return None, 0
+        if self.link or len(self.rows) != 1 or self.drafter.needs_hidden or self.target.one_row:
+            return None
+        plan = self._plan([r.context for r in self.rows])
+        return plan if plan[1] == 0 else None
+
     def _plan(self, contexts: list[list[int]]) -> tuple[str | None, int]:
         """(source, width): the source is the drafter's own unless the controller chooses among several."""
         if not self.drafter.speculates:
@@ -224,7 +240,7 @@ class Engine:
         source, width = self.controller.plan(contexts)
         return (source or self.drafter.name) if width else None, width
 
-    def _launch(self, prev: Cycle | None) -> Cycle:
+    def _launch(self, prev: Cycle | None, plan: tuple[str | None, int] | None = None) -> Cycle:
         """Plan, propose and launch one target pass. With `prev` (a plain step still on the device), rows it
         holds start from its tokens on the device, without waiting for them."""
         t0 = time.perf_counter()
@@ -234,7 +250,7 @@ class Engine:
         for r, s in zip(rows, splits):
             r.key = s[0]  # (greedy decoding draws nothing: no keys)
         contexts = [r.context for r in rows]
-        source, width = self._plan(contexts)
+        source, width = plan or self._plan(contexts)
         caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
         draft = empty(caps)
         if max(caps) > 0:

@@ -22,9 +22,8 @@ cycle's draws (the exact law holds), and the same seed with the same stored tabl
 
 Within a cycle, a source that drafts autoregressively stops a row where the next token is not worth its cost: one more
 token brings (chance that it and every draft before it pass) tokens for per_token[s] seconds, worth it while that is
-at least the rate the run makes, so a row stops once the chance falls below per_token[s] * rate (`floor`; the rate:
-recent committed tokens over the table's times of their cycles; the chance: from the draft's own confidence,
-drafters.passes). The policy picks the widest a row may go; the
+at least what plain steps make in that time, so a row stops once the chance falls below per_token[s] / plain (`floor`;
+the chance: from the draft's own confidence, drafters.passes). The policy picks the widest a row may go; the
 draft's confidence cuts it where it is unsure (prose: often at once, a draft step's cost instead of a rejected draft).
 """
 
@@ -39,7 +38,6 @@ PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on t
 PRIOR_WEIGHT = 1.5  # ... worth this many observations
 EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + times it was reached)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
-RATE_DECAY = 0.8  # the rate a draft must keep up with: the last ~5 cycles'
 WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
 
@@ -224,7 +222,6 @@ class AutoPolicy:
             self.counts = [fresh() for _ in range(self.batch)]
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
-            self.made, self.spent = 1.0, self.costs.plain  # tokens per row and the table's seconds, decaying
             self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
             self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
         else:
@@ -287,12 +284,9 @@ class AutoPolicy:
         return self.last
 
     def floor(self, source: str) -> float:
-        """Stop a row's draft of `source` once the chance that all of it passes falls below this: the tokens one
-        more drafted token must bring to keep up with the rate the run has made lately (committed tokens per second
-        of the table's cycle times, recent cycles weighing most; never below a plain step's rate). From committed
-        tokens and the fixed table only, as every choice here."""
-        rate = max(self.made / self.spent, 1.0 / self.costs.plain)
-        return min(0.95, self.costs.per_token.get(source, self.costs.plain) * rate)
+        """Stop a row's draft of `source` once the chance that all of it passes falls below this: one more token
+        must bring what its seconds would bring in plain steps (per_token / plain tokens), or it is not drafted."""
+        return min(0.95, self.costs.per_token.get(source, self.costs.plain) / self.costs.plain)
 
     def width(self) -> int:
         return self.last[1]
@@ -319,8 +313,6 @@ class AutoPolicy:
                     reached[i] += 1
                     acc[i] += i < a
         k = max(drafted, default=0)
-        self.made = RATE_DECAY * self.made + sum(a + 1 for a in accepted) / len(accepted)
-        self.spent = RATE_DECAY * self.spent + self.costs.time(source, k)
         if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
             self.fit.add(source, k, seconds)
 
