@@ -1,5 +1,6 @@
 """Tables of bench/auto_policy.py's JSON: per class and temperature, tok/s of every arm, auto's ratio to plain
-decoding and to the best other arm; then over all classes, every arm's tokens over its time.
+decoding and to the best other arm; then over all classes, every arm's tokens over its time, and the geometric
+mean of auto's per-class ratio to each arm.
 
     python bench/auto_report.py docs/perf/cpu/auto-policy.json > table.md
 """
@@ -7,6 +8,7 @@ decoding and to the best other arm; then over all classes, every arm's tokens ov
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import defaultdict
 
@@ -44,8 +46,13 @@ def main() -> None:
                    max(sum(r["steady_s"] for r in pick if r["arm"] == a), 1e-9) for a in arms}
             fixed = max((a for a in arms if a != "auto"), key=lambda a: tot[a])
             which = {False: "shipped classes", True: "held-out prompts", None: "all prompts"}[held]
+            tps = {(r["temp"], r["class"], r["arm"]): r["tok_s"] for r in pick}
+            cells = {(t, c) for t, c, _ in tps}
+            geo = {a: math.exp(sum(math.log(tps[(t, c, "auto")] / tps[(t, c, a)]) for t, c in cells) / len(cells))
+                   for a in arms if a != "auto"}
             print(f"- {label}, {which}: " + ", ".join(f"{a} {tot[a]:.2f}" for a in arms) +
-                  f" tok/s; auto / best single arm ({fixed}) = {tot['auto'] / tot[fixed]:.2f}x")
+                  f" tok/s; auto / best single arm ({fixed}) = {tot['auto'] / tot[fixed]:.2f}x; geometric mean of "
+                  f"auto's per-class ratios: " + ", ".join(f"{geo[a]:.2f}x {a}" for a in geo))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,7 @@ on text that is not the benchmark's: Python's standard library (code) and the RE
 /usr/share/doc (prose), as in bench/history_calibrate.py. One forward pass of each model over each text gives, at
 every position, the draft's q and the target's p: at T = 0 a draft token is accepted when both argmaxes agree; at
 T > 0 a drafted token is accepted with probability sum min(p, q) (one minus the total variation). Prints acceptance
-by confidence bin, and how the cumulative confidence of a draft (the product over its positions) predicts the
-chance that all of them pass.
+by confidence bin.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/draft_confidence.py TARGET DRAFT [--texts 24]
 """

@@ -70,28 +70,42 @@ def test_the_floor_is_what_one_more_token_must_bring_to_match_plain_steps():
     assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model") == 0.95  # never drafts for nothing
 
 
-def test_autoregress_stops_a_row_once_its_chance_to_pass_falls_below_the_floor():
-    from mtpcli.drafters import autoregress, passes
-
-    confs = [[0.99, 0.99, 0.3, 0.99], [0.99] * 4]  # row 0 turns unsure at its third position
+def _confident(confs):
+    """A draft step whose row b's most likely token (token j at step j) has probability confs[b][j], the rest
+    spread evenly over the other 7 tokens."""
     calls = []
 
     def step(t):
         j = len(calls)
         calls.append(j)
-        logits = np.zeros((2, 8), np.float32)
-        for b in range(2):  # most likely token j with probability confs[b][j], the rest spread evenly
-            logits[b] = np.log((1 - confs[b][j]) / 7)
-            logits[b, j] = np.log(confs[b][j])
+        logits = np.zeros((len(confs), 8), np.float32)
+        for b, c in enumerate(confs):
+            logits[b] = np.log((1 - c[j]) / 7)
+            logits[b, j] = np.log(c[j])
         return mx.array(logits)
+    return step
 
-    d = autoregress(step, [4, 4], SamplingParams(), [None, None], floor=0.5)
-    chance = passes(0.99, True) ** 2 * passes(0.3, True)
-    assert chance < 0.5 < passes(0.99, True) ** 4
-    assert d.lengths == [2, 4] and d.requested == [4, 4]
-    assert d.tokens[1].tolist() == [0, 1, 2, 3]
-    calls.clear()
-    assert autoregress(step, [4, 4], SamplingParams(), [None, None]).lengths == [4, 4]  # no floor: as asked
+
+def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_falls_below_the_floor():
+    from mtpcli.drafters import autoregress, passes
+
+    greedy = SamplingParams()
+    # each position alone is above the floor (0.82 > 0.5); their product falls below it at the 4th
+    assert passes(0.8, True) > 0.5 > passes(0.8, True) ** 4 and passes(0.8, True) ** 3 > 0.5
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], floor=0.5).lengths == [3]
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no floor: as asked
+    # a batch drafts on together while its rows' chances, on average, stay above the floor
+    d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, floor=0.5)
+    assert d.lengths == [4, 4] and d.requested == [4, 4] and d.tokens[1].tolist() == [0, 1, 2, 3]
+    d = autoregress(_confident([[0.99, 0.3, 0.9, 0.9], [0.99, 0.4, 0.9, 0.9]]), [4, 4], greedy, [None] * 2, floor=0.5)
+    assert d.lengths == [1, 1]  # both unsure at the second position: (0.37 + 0.46) / 2 < 0.5
+    d = autoregress(_confident([[0.99] * 4] * 2), [2, 4], greedy, [None] * 2, floor=0.5)
+    assert d.lengths == [2, 4]  # a row's own cap still ends it
+    # at T > 0 the chance comes from sum min(p, q)'s fit: 0.575 for a draft half sure, then 0.33
+    hot = SamplingParams(temp=1.0)
+    keys = [mx.random.key(0)]
+    assert passes(0.5, False) > 0.5 > passes(0.5, False) ** 2
+    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, floor=0.5).lengths == [1]
 
 
 def test_a_full_accept_is_censored_per_position():
@@ -232,10 +246,12 @@ def test_readme_documents_auto_and_its_statistics():
         assert text in readme, text
 
 
-def pairs(tiny, sp, costs, prompt="abcabcab", drafter_cls=AutoDrafter):
+def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, floor=None):
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
     eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
+    if floor is not None:  # a floor of the draft model's chance higher than the policy's, so that it cuts often
+        eng.drafter.floor = lambda source: floor
     arr = np.array([o[:2] for o in run(eng, ids, N)])
     return ids, arr[:, 0], arr[:, 1], eng
 
@@ -256,16 +272,38 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     judge = engine_mod.judge
     monkeypatch.setattr(engine_mod, "judge", lambda *a, **k: redone.append(k.get("full")) or judge(*a, **k))
     target, _ = tiny
-    ids, first, second, eng = pairs(tiny, sp, TWO)
+    ids, first, second, eng = pairs(tiny, sp, TWO, floor=0.45)
     p1, p2 = target_marginals(target, ids, sp)
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
     assert 0.2 < eng.stats.acceptance_rate < 0.98
-    assert 20 < eng.stats.floor_cut < used["model"] * 250  # the floor cut some rows' drafts, not all
+    assert 20 < eng.stats.floor_cut < used["model"]  # the floor cut some drafts short, not all
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
     assert fits(np.bincount(first, minlength=len(p1)), p1)
     assert fits(np.bincount(second, minlength=len(p1)), p2)
+
+
+def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypatch):
+    """One row: a plain step the policy plans from the committed tokens is launched while the previous one is in
+    flight; one judged again (a nucleus past the partial selection) is undone and launched again. The first and
+    second tokens stay distributed as the target's."""
+    monkeypatch.setattr(sampling, "CANDIDATES", 6)
+    chained, discarded = [], []
+    launch, discard = Engine._launch, Engine._discard
+    monkeypatch.setattr(Engine, "_launch", lambda self, prev, plan=None: chained.append(prev is not None)
+                        or launch(self, prev, plan))
+    monkeypatch.setattr(Engine, "_discard", lambda self, c: discarded.append(1) or discard(self, c))
+    sp = SamplingParams(temp=1.0, top_p=0.8)
+    target, _ = tiny
+    ids = list(target.tokenizer.encode("the sea is "))
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 0.6}), sp, batch_size=1, max_tokens=3)
+    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    assert eng.stats.sources["plain"].cycles == 3 * N  # no source pays at these costs
+    assert sum(chained) >= N and len(discarded) > 50  # the second token's step was chained; some were redone
+    p1, p2 = target_marginals(target, ids, sp)
+    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
+    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
 
 
 class PeekingDrafter(AutoDrafter):

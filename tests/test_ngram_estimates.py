@@ -39,6 +39,11 @@ def test_a_short_match_of_common_tokens_is_a_guess_a_repeated_passage_is_not():
     longer = PASSAGE[:8] + [7] + PASSAGE[:8]
     (n,) = drafter([longer]).available([longer], 1)
     assert m[0] < n[0]
+    # where the match ends and how long it truly is: back past the 4-gram, up to where the tokens differ
+    for context, want in ((mid, (16, 4)), (longer, (8, 8)), ([5] * 5, (4, 4))):
+        d = drafter([context])
+        d.available([context], 1)  # (indexes the context)
+        assert d.rows[0].find(context) == want
 
 
 def test_no_match_no_estimates():
@@ -47,9 +52,9 @@ def test_no_match_no_estimates():
 
 
 def test_auto_takes_a_plain_step_when_the_ngram_estimates_are_low():
-    # the kept table says every n-gram token was accepted; the row's own estimates say ~5%
+    # the kept table says every n-gram token was accepted; the row's own estimates say ~4%
     kept = Costs(1.0, {"ngram": 0.05}, accept={"ngram": [1.0] * 4}, visits={"ngram": [200.0] * 4})
-    est = {"v": 0.05}
+    est = {"v": 0.04}
     pol = AutoPolicy(["ngram"], 4, kept, lambda s, c, k: [[est["v"]] * k for _ in c], warm=True)
     assert pol.plan([[0]]) == (None, 0)
     est["v"] = 0.95

@@ -181,7 +181,7 @@ class Engine:
                     yield from self._complete(pending)
                     if nxt is not None and pending.redone:  # nxt started from a token the redo replaced
                         self._discard(nxt)
-                        nxt = self._launch(None)
+                        nxt = self._launch(None, plan)
                     self._refill(queue)
                     self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 pending = nxt if chain else (self._launch(None) if self.rows else None)

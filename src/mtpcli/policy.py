@@ -4,9 +4,10 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
     score(s, k) = sum over rows of E_b[tokens | s, k]  /  T(s, k)        (width 0 = a plain step, E = 1 per row)
 
 E comes from per-row, per-source, per-position conditional acceptance estimates (position i counts only in cycles
-whose draft reached it and had not been rejected before it, so a fully accepted draft, or one cut short, says
-nothing about the positions it did not reach: censored). The counts decay every cycle, so a source that has not
-been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
+whose draft reached it and had not been rejected before it, so a fully accepted draft says nothing about the
+positions it did not reach: censored; a draft that a confidence floor cut short at n after n passed counts as
+rejected at n: it commits n + 1 tokens, as a rejection there would). The counts decay every cycle, so a source
+that has not been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
 source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
 N-gram lookup and the history also estimate each token's chance (from the match behind it), and no position is
 expected to do better than that estimate.
@@ -293,8 +294,9 @@ class AutoPolicy:
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None) -> None:
-        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut to nothing by
-        a confidence floor counts as a rejection at its first position (that draft step was paid for)."""
+        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n by a
+        confidence floor, all n before passing, counts as a rejection at position n: the cycle commits n + 1
+        tokens either way (and the draft step that was cut was paid for)."""
         requested = requested or drafted
         for member in range(len(drafted)):
             for acc, reached in self.counts[member].values():
@@ -303,9 +305,9 @@ class AutoPolicy:
                     reached[i] *= DECAY
         for member, (n, a, r) in enumerate(zip(drafted, accepted, requested)):
             self.history[member].append(n)
-            if source is not None and n == 0 < r and source in self.seen:
+            if source is not None and a == n < min(r, self.n_max) and source in self.seen:
                 for acc, reached in (self.counts[member][source], self.seen[source]):
-                    reached[0] += 1
+                    reached[n] += 1  # cut short at n after n passed: n + 1 tokens, as a rejection at n gives
             if source is None or n == 0:
                 continue
             for acc, reached in (self.counts[member][source], self.seen[source]):

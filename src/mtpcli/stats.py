@@ -82,7 +82,7 @@ class RunStats:
     draft_widths: Counter = field(default_factory=Counter)
     width_trace: list[int] = field(default_factory=list)
     tpc_trace: list[int] = field(default_factory=list)
-    floor_cut: int = 0  # drafts cut short by the draft's confidence floor (p_min)
+    floor_cut: int = 0  # drafts cut short by the draft's confidence floor (p_min, or auto's cost floor)
     prefill_s: float = 0.0
     prefill_tokens: int = 0
     decode_s: float = 0.0

@@ -50,8 +50,9 @@ def passes(conf: float, greedy: bool) -> float:
     """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability): fitted on
     text that is not the benchmark's (bench/draft_confidence.py, docs/perf/cpu/draft-confidence.txt). At T = 0 the
     argmaxes agree a little more often than the confidence says; at T > 0 a token passes with probability
-    sum min(p, q), near 0.5 even where the draft is unsure."""
-    return 0.1 + 0.9 * conf if greedy else 0.4 + 0.55 * conf
+    sum min(p, q), near 0.5 even where the draft is unsure (both fits at or under the measured rates, but at T > 0
+    in the top bin)."""
+    return 0.1 + 0.9 * conf if greedy else 0.45 + 0.5 * conf * conf
 
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
@@ -59,10 +60,12 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own
     keys, so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely
-    token is below p_min (raw softmax at T = 0), or once the chance that all its drafts so far and this one pass
-    (the product of `passes` over its positions) falls below `floor` (draft = auto: where one more token costs
-    more than it brings). Both depend on q, never on the token a row would draw, so the exact law still holds (one
-    host sync per step, only when asked for)."""
+    token is below p_min (raw softmax at T = 0). The rows still drafting stop together once the chance that all
+    their drafts so far and this one pass (per row the product of `passes` over its positions), on average over
+    them, falls below `floor` (draft = auto: where one more token costs more than it brings; the batch's next
+    draft step and its verify width are paid for all of them, so one row stopping alone would save nothing).
+    Both depend on q, never on the token a row would draw, so the exact law still holds (one host sync per step,
+    only when asked for)."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []
@@ -80,10 +83,14 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
             conf = q
             qs.append(q)
         if p_min > 0.0 or floor > 0.0:
+            going = [b for b in range(B) if j < lengths[b]]
             for b, c in enumerate(conf.max(axis=-1).tolist()):
                 chance[b] *= passes(c, sp.greedy)
-                if (c < p_min or chance[b] < floor) and j < lengths[b]:
+                if c < p_min and j < lengths[b]:
                     lengths[b] = j
+            if sum(chance[b] for b in going) < floor * len(going):  # the batch drafts on together or stops
+                for b in going:
+                    lengths[b] = min(lengths[b], j)
             if max(lengths) <= j:
                 break
         tokens.append(t)

@@ -32,6 +32,7 @@ class ModelDrafter:
 
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.lm.set_row(row, prompt[:-1], keep)
+        self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, source=None) -> Draft:
         B = len(contexts)
