@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--classes", default="", help="only classes whose name contains one of these (comma-separated)")
     ap.add_argument("--prompts", nargs="*", help="these prompt files instead (tuning: tune on prompts not reported)")
     ap.add_argument("--arms", default=",".join(a for a, _, _ in ARMS), help="these arms only (comma-separated)")
+    ap.add_argument("--reverse", action="store_true", help="the arms in reverse order (a second round)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -55,7 +56,7 @@ def main() -> None:
 
     target = models.load(args.target, "target model")
     draft = models.load(args.draft, "draft model")
-    arms = [a for a in ARMS if a[0] in args.arms.split(",")]
+    arms = [a for a in ARMS if a[0] in args.arms.split(",")][:: -1 if args.reverse else 1]
     items = [(f"tune/{Path(f).stem}", Path(f).stem, Path(f).read_text()) for f in args.prompts] if args.prompts else \
         [it for it in prompts() if not args.classes or any(c in it[0] for c in args.classes.split(","))]
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,

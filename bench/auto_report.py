@@ -2,7 +2,7 @@
 decoding and to the best other arm; then over all classes, every arm's tokens over its time, and the geometric
 mean of auto's per-class ratio to each arm.
 
-    python bench/auto_report.py docs/perf/cpu/auto-policy.json > table.md
+    python bench/auto_report.py docs/perf/cpu/auto-policy.json [ROUND2.json ...] > table.md
 """
 
 from __future__ import annotations
@@ -13,10 +13,29 @@ import sys
 from collections import defaultdict
 
 
+def pool(runs: list[dict]) -> list[dict]:
+    """One record per (temperature, class, arm): steady tokens and seconds summed over rounds, cycles by source
+    summed."""
+    out: dict[tuple, dict] = {}
+    for r in runs:
+        key = (r["temp"], r["class"], r["arm"])
+        if key not in out:
+            out[key] = {**r, "sources": {k: dict(v) for k, v in r["sources"].items()}}
+            continue
+        o = out[key]
+        o["steady_tokens"] += r["steady_tokens"]
+        o["steady_s"] += r["steady_s"]
+        for k, v in r["sources"].items():
+            o["sources"].setdefault(k, {"cycles": 0})["cycles"] = o["sources"].get(k, {}).get("cycles", 0) + v["cycles"]
+    for o in out.values():
+        o["tok_s"] = o["steady_tokens"] / o["steady_s"] if o["steady_s"] > 0 else 0.0
+    return list(out.values())
+
+
 def main() -> None:
-    d = json.load(open(sys.argv[1]))
-    arms = d["config"]["arms"]
-    runs = d["runs"]
+    files = [json.load(open(f)) for f in sys.argv[1:]]  # several rounds: each arm's tokens over its time, pooled
+    arms = files[0]["config"]["arms"]
+    runs = pool([r for d in files for r in d["runs"]])
     by = defaultdict(dict)
     for r in runs:
         by[(r["temp"], r["class"])][r["arm"]] = r

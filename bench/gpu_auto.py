@@ -2,7 +2,8 @@
 shapes. Random weights agree with nothing, so acceptance is set, not measured: the target's own greedy continuation
 (one plain run first) is the oracle, and each source proposes it with its first error at a position drawn from a
 conditional acceptance profile (per position, from the CPU runs on the real pair). Costs are real: the `lookup`
-source costs nothing (n-gram class) and has a match only on some cycles; the `model` source runs a random 0.5B-shape
+source costs nothing (n-gram class) and has a match on a third of the output, in spans of 16 positions (as quoted
+text: a match at one position goes on at the next); the `model` source runs a random 0.5B-shape
 draft model's forward k times per draft, as a draft model would. Greedy, so a draft token is accepted exactly when it
 equals the oracle's.
 
@@ -47,9 +48,9 @@ class Oracle:
     speculates = True
     max_rows = None
 
-    def __init__(self, name, oracle, prompt_len, profile, match_every=1, inner=None):
+    def __init__(self, name, oracle, prompt_len, profile, span=0, inner=None):
         self.name, self.oracle, self.n0, self.profile = name, oracle, prompt_len, profile
-        self.match_every, self.inner = match_every, inner  # inner: a real draft model run for its cost
+        self.span, self.inner = span, inner  # inner: a real draft model run for its cost
 
     def add_rows(self, n):
         if self.inner:
@@ -71,7 +72,8 @@ class Oracle:
         return len(self.profile)
 
     def available(self, contexts, k):
-        return [k if (len(c) - self.n0) % self.match_every == 0 else 0 for c in contexts]
+        # span: a match lasts `span` positions, then none for twice as long (a third of the text is quoted)
+        return [k if not self.span or (len(c) - self.n0) % (3 * self.span) < self.span else 0 for c in contexts]
 
     def propose(self, contexts, caps, sp, keys, source=None):
         avail = self.available(contexts, max(caps))
@@ -118,7 +120,7 @@ def main():
     oracle, _, _ = run(target, None, FixedWidth(0), prompt, a.tokens + 16)
 
     def sources():
-        return {"lookup": Oracle("lookup", oracle, len(prompt), PROFILES["lookup"], match_every=3),
+        return {"lookup": Oracle("lookup", oracle, len(prompt), PROFILES["lookup"], span=16),
                 "model": Oracle("model", oracle, len(prompt), PROFILES["model"], inner=ModelDrafter(draft))}
 
     from mtpcli.generate import _params

@@ -64,10 +64,11 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
     assert p.plan([[0]]) == ("ngram", 8)
 
 
-def test_the_floor_is_what_one_more_token_must_bring_to_match_plain_steps():
-    p = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3}))
-    assert p.floor("model") == pytest.approx(0.6)  # 0.3 s of plain steps at 0.5 s each: 0.6 tokens
-    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model") == 0.95  # never drafts for nothing
+def test_the_floor_is_what_a_token_must_bring_to_match_plain_steps():
+    keep, go_on = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).floor("model")
+    assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
+    assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
+    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model")[1] == 0.95  # never drafts for nothing
 
 
 def _confident(confs):
@@ -83,29 +84,35 @@ def _confident(confs):
             logits[b] = np.log((1 - c[j]) / 7)
             logits[b, j] = np.log(c[j])
         return mx.array(logits)
+    step.calls = calls
     return step
 
 
-def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_falls_below_the_floor():
+def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_is_not_worth_a_step():
     from mtpcli.drafters import autoregress, passes
 
     greedy = SamplingParams()
-    # each position alone is above the floor (0.82 > 0.5); their product falls below it at the 4th
+    # each position alone is above 0.5 (0.82); their product falls below it at the 4th: that token is kept (its
+    # step was paid for), no 5th step is taken; with keep = 0.5 too, the 4th token is dropped as well
     assert passes(0.8, True) > 0.5 > passes(0.8, True) ** 4 and passes(0.8, True) ** 3 > 0.5
-    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], floor=0.5).lengths == [3]
+    step = _confident([[0.8] * 6])
+    assert autoregress(step, [6], greedy, [None], go_on=0.5).lengths == [4]
+    assert len(step.calls) == 4  # no step run to be thrown away
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], keep=0.5, go_on=0.5).lengths == [3]
     assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no floor: as asked
     # a batch drafts on together while its rows' chances, on average, stay above the floor
-    d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, floor=0.5)
+    d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, go_on=0.5)
     assert d.lengths == [4, 4] and d.requested == [4, 4] and d.tokens[1].tolist() == [0, 1, 2, 3]
-    d = autoregress(_confident([[0.99, 0.3, 0.9, 0.9], [0.99, 0.4, 0.9, 0.9]]), [4, 4], greedy, [None] * 2, floor=0.5)
-    assert d.lengths == [1, 1]  # both unsure at the second position: (0.37 + 0.46) / 2 < 0.5
-    d = autoregress(_confident([[0.99] * 4] * 2), [2, 4], greedy, [None] * 2, floor=0.5)
+    unsure = [[0.99, 0.3, 0.9, 0.9], [0.99, 0.4, 0.9, 0.9]]  # both at the second position: (0.37 + 0.46) / 2
+    assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, go_on=0.5).lengths == [2, 2]
+    assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, keep=0.45, go_on=0.5).lengths == [1, 1]
+    d = autoregress(_confident([[0.99] * 4] * 2), [2, 4], greedy, [None] * 2, go_on=0.5)
     assert d.lengths == [2, 4]  # a row's own cap still ends it
     # at T > 0 the chance comes from sum min(p, q)'s fit: 0.575 for a draft half sure, then 0.33
-    hot = SamplingParams(temp=1.0)
-    keys = [mx.random.key(0)]
+    hot, keys = SamplingParams(temp=1.0), [mx.random.key(0)]
     assert passes(0.5, False) > 0.5 > passes(0.5, False) ** 2
-    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, floor=0.5).lengths == [1]
+    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, go_on=0.5).lengths == [2]
+    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, keep=0.4, go_on=0.5).lengths == [1]
 
 
 def test_a_full_accept_is_censored_per_position():
@@ -250,7 +257,7 @@ def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, floor
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
     eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
-    if floor is not None:  # a floor of the draft model's chance higher than the policy's, so that it cuts often
+    if floor is not None:  # floors of the draft model's chance higher than the policy's, so that they cut often
         eng.drafter.floor = lambda source: floor
     arr = np.array([o[:2] for o in run(eng, ids, N)])
     return ids, arr[:, 0], arr[:, 1], eng
@@ -272,7 +279,7 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     judge = engine_mod.judge
     monkeypatch.setattr(engine_mod, "judge", lambda *a, **k: redone.append(k.get("full")) or judge(*a, **k))
     target, _ = tiny
-    ids, first, second, eng = pairs(tiny, sp, TWO, floor=0.45)
+    ids, first, second, eng = pairs(tiny, sp, TWO, floor=(0.3, 0.45))
     p1, p2 = target_marginals(target, ids, sp)
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
@@ -297,7 +304,7 @@ def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypat
     sp = SamplingParams(temp=1.0, top_p=0.8)
     target, _ = tiny
     ids = list(target.tokenizer.encode("the sea is "))
-    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 0.6}), sp, batch_size=1, max_tokens=3)
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), sp, batch_size=1, max_tokens=3)
     arr = np.array([o[:2] for o in run(eng, ids, N)])
     assert eng.stats.sources["plain"].cycles == 3 * N  # no source pays at these costs
     assert sum(chained) >= N and len(discarded) > 50  # the second token's step was chained; some were redone

@@ -21,10 +21,11 @@ shrinks with the evidence (EXPLORE / (1 + reached)), so a source the table calls
 then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
 cycle's draws (the exact law holds), and the same seed with the same stored table gives the same output.
 
-Within a cycle, a source that drafts autoregressively stops a row where the next token is not worth its cost: one more
+Within a cycle, a source that drafts autoregressively stops where the next token is not worth its cost: one more
 token brings (chance that it and every draft before it pass) tokens for per_token[s] seconds, worth it while that is
-at least what plain steps make in that time, so a row stops once the chance falls below per_token[s] / plain (`floor`;
-the chance: from the draft's own confidence, drafters.passes). The policy picks the widest a row may go; the
+at least what plain steps make in that time, so no further draft step once the chance falls below per_token[s] /
+plain, and a token already drawn is dropped only if that chance is not worth its verification alone (`floor`; the
+chance: from the draft's own confidence, drafters.passes). The policy picks the widest a row may go; the
 draft's confidence cuts it where it is unsure (prose: often at once, a draft step's cost instead of a rejected draft).
 """
 
@@ -284,10 +285,15 @@ class AutoPolicy:
         self.last = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         return self.last
 
-    def floor(self, source: str) -> float:
-        """Stop a row's draft of `source` once the chance that all of it passes falls below this: one more token
-        must bring what its seconds would bring in plain steps (per_token / plain tokens), or it is not drafted."""
-        return min(0.95, self.costs.per_token.get(source, self.costs.plain) / self.costs.plain)
+    def floor(self, source: str) -> tuple[float, float]:
+        """(keep, go_on) for a draft of `source` (drafters.autoregress): keep a drawn token while the chance that
+        the whole draft passes is worth its verification, what a plain step makes in that time (per_token of
+        n-gram lookup, which is verification alone, over a plain step); draw another while it is worth a draft
+        step and its verification (per_token[source] over a plain step)."""
+        plain, per = self.costs.plain, self.costs.per_token
+        step = per.get(source, plain)
+        verify = min(per.get("ngram", 0.1 * plain), step)
+        return min(0.95, verify / plain), min(0.95, step / plain)
 
     def width(self) -> int:
         return self.last[1]

@@ -56,16 +56,18 @@ def passes(conf: float, greedy: bool) -> float:
 
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
-                p_min: float = 0.0, floor: float = 0.0) -> Draft:
+                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own
     keys, so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely
-    token is below p_min (raw softmax at T = 0). The rows still drafting stop together once the chance that all
-    their drafts so far and this one pass (per row the product of `passes` over its positions), on average over
-    them, falls below `floor` (draft = auto: where one more token costs more than it brings; the batch's next
-    draft step and its verify width are paid for all of them, so one row stopping alone would save nothing).
-    Both depend on q, never on the token a row would draw, so the exact law still holds (one host sync per step,
-    only when asked for)."""
+    token is below p_min (raw softmax at T = 0). draft = auto weighs each step instead: with `chance` per row the
+    product of `passes` over its positions so far (this one's included), averaged over the rows still drafting,
+    the token just drawn is kept while that is at least `keep` (its verification's cost), and another draft step
+    is taken only while it is at least `go_on` (a step's cost): a step is never run to be thrown away unless its
+    own token is not worth verifying. The rows still drafting stop together (the batch's next draft step and its
+    verify width are paid for all of them, so one row stopping alone would save nothing). All of it depends on
+    q, never on the token a row would draw, so the exact law still holds (one host sync per step, only when
+    asked for)."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []
@@ -82,19 +84,21 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
                                 mx.argmax(q[b]).reshape(1) for b in range(B)]).astype(mx.int32)
             conf = q
             qs.append(q)
-        if p_min > 0.0 or floor > 0.0:
-            going = [b for b in range(B) if j < lengths[b]]
+        if p_min > 0.0 or keep > 0.0 or go_on > 0.0:
             for b, c in enumerate(conf.max(axis=-1).tolist()):
                 chance[b] *= passes(c, sp.greedy)
                 if c < p_min and j < lengths[b]:
                     lengths[b] = j
-            if sum(chance[b] for b in going) < floor * len(going):  # the batch drafts on together or stops
-                for b in going:
-                    lengths[b] = min(lengths[b], j)
+            going = [b for b in range(B) if j < lengths[b]]
+            mean = sum(chance[b] for b in going) / max(len(going), 1)
+            for b in going:  # the batch drafts on together or stops
+                lengths[b] = j if mean < keep else j + 1 if mean < go_on else lengths[b]
             if max(lengths) <= j:
                 break
         tokens.append(t)
         mx.async_eval(t)
+        if max(lengths) <= j + 1:
+            break  # no row goes on: no further step
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None

@@ -20,7 +20,7 @@ class ModelDrafter:
         self.lm.require_rollback()  # refused before decoding, not at the first rejection
         self.max_rows = 1 if self.lm.one_row else None
         self.p_min = p_min
-        self.floor = 0.0  # draft = auto: see autoregress
+        self.floor = (0.0, 0.0)  # draft = auto: (keep, go_on), see autoregress
         self._proposed_from: list[int] = []
         self._fed = 0
 
@@ -58,7 +58,7 @@ class ModelDrafter:
             self._fed += 1
             return self.lm.forward(*block, last=True)[:, -1]
 
-        return autoregress(step, caps, sp, keys, self.p_min, self.floor)
+        return autoregress(step, caps, sp, keys, self.p_min, *self.floor)
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         if self._fed:  # the cache holds each row's old context, its pending tokens and fed-1 drafts
