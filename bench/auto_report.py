@@ -34,6 +34,8 @@ def pool(runs: list[dict]) -> list[dict]:
 
 def main() -> None:
     files = [json.load(open(f)) for f in sys.argv[1:]]  # several rounds: each arm's tokens over its time, pooled
+    same = {(d["config"]["target"], d["config"]["draft"], d["config"]["max_tokens"]) for d in files}
+    assert len(same) == 1, f"rounds of different runs: {same}"
     arms = files[0]["config"]["arms"]
     runs = pool([r for d in files for r in d["runs"]])
     by = defaultdict(dict)
@@ -66,11 +68,11 @@ def main() -> None:
             fixed = max((a for a in arms if a != "auto"), key=lambda a: tot[a])
             which = {False: "shipped classes", True: "held-out prompts", None: "all prompts"}[held]
             tps = {(r["temp"], r["class"], r["arm"]): r["tok_s"] for r in pick}
-            cells = {(t, c) for t, c, _ in tps}
-            geo = {a: math.exp(sum(math.log(tps[(t, c, "auto")] / tps[(t, c, a)]) for t, c in cells) / len(cells))
+            cells = {(t, c) for t, c, _ in tps if all((t, c, a) in tps and tps[(t, c, a)] > 0 for a in arms)}
+            geo = {a: math.exp(sum(math.log(tps[(t, c, "auto")] / tps[(t, c, a)]) for t, c in cells) / max(len(cells), 1))
                    for a in arms if a != "auto"}
             print(f"- {label}, {which}: " + ", ".join(f"{a} {tot[a]:.2f}" for a in arms) +
-                  f" tok/s; auto / best single arm ({fixed}) = {tot['auto'] / tot[fixed]:.2f}x; geometric mean of "
+                  f" tok/s; auto / best single arm ({fixed}) = {tot['auto'] / max(tot[fixed], 1e-9):.2f}x; geometric mean of "
                   f"auto's per-class ratios: " + ", ".join(f"{geo[a]:.2f}x {a}" for a in geo))
 
 

@@ -25,8 +25,8 @@ Within a cycle, a source that drafts autoregressively stops where the next token
 token brings (chance that it and every draft before it pass) tokens for per_token[s] seconds, worth it while that is
 at least what plain steps make in that time, so no further draft step once the chance falls below per_token[s] /
 plain, and a token already drawn is dropped only if that chance is not worth its verification alone (`floor`; the
-chance: from the draft's own confidence, drafters.passes). The policy picks the widest a row may go; the
-draft's confidence cuts it where it is unsure (prose: often at once, a draft step's cost instead of a rejected draft).
+chance: from the draft's own confidence, drafters.passes). The policy picks the widest a draft may go; the
+draft's confidence cuts it where it is unsure.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ def passes(conf: float, greedy: bool) -> float:
     """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability): fitted on
     text that is not the benchmark's (bench/draft_confidence.py, docs/perf/cpu/draft-confidence.txt). At T = 0 the
     argmaxes agree a little more often than the confidence says; at T > 0 a token passes with probability
-    sum min(p, q), near 0.5 even where the draft is unsure (both fits at or under the measured rates, but at T > 0
-    in the top bin)."""
+    sum min(p, q), near 0.5 even where the draft is unsure (both fits within about 0.05 of the measured rates in
+    most bins; at or under them in the middle ones, which decide where a draft stops)."""
     return 0.1 + 0.9 * conf if greedy else 0.45 + 0.5 * conf * conf
 
 
@@ -61,7 +61,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own
     keys, so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely
     token is below p_min (raw softmax at T = 0). draft = auto weighs each step instead: with `chance` per row the
-    product of `passes` over its positions so far (this one's included), averaged over the rows still drafting,
+    product of `passes` over its positions so far (this one's included), summed over the rows still drafting and
+    divided by the batch's rows (a plain step would give each a token),
     the token just drawn is kept while that is at least `keep` (its verification's cost), and another draft step
     is taken only while it is at least `go_on` (a step's cost): a step is never run to be thrown away unless its
     own token is not worth verifying. The rows still drafting stop together (the batch's next draft step and its
@@ -90,7 +91,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
                 if c < p_min and j < lengths[b]:
                     lengths[b] = j
             going = [b for b in range(B) if j < lengths[b]]
-            mean = sum(chance[b] for b in going) / max(len(going), 1)
+            mean = sum(chance[b] for b in going) / B  # a plain step would give every row a token
             for b in going:  # the batch drafts on together or stops
                 lengths[b] = j if mean < keep else j + 1 if mean < go_on else lengths[b]
             if max(lengths) <= j:

@@ -1,8 +1,8 @@
 """Several draft sources behind the one protocol; each cycle the engine names the source that drafts (`draft =
 auto`, chosen by policy.AutoPolicy). Every source sees every row start and every commit, so the one that did not
 draft this cycle stays in step: a draft model catches up on the committed tokens the next time it drafts, an MTP
-head keeps collecting the target's hidden states. A source that drafts autoregressively stops a row where one more
-token is worth less than it costs (`floor`, from the policy: see drafters.autoregress)."""
+head keeps collecting the target's hidden states. A source that drafts autoregressively stops the batch's draft where one
+more token is worth less than it costs (`floor`, from the policy: see drafters.autoregress)."""
 
 from __future__ import annotations
 
