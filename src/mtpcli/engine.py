@@ -114,6 +114,7 @@ class Cycle:
     redo: tuple = ()  # what judging again needs: logits, q, keys
     keys: list = field(default_factory=list)  # the rows' keys before this cycle split them
     redone: bool = False
+    plan: tuple | None = None  # (source, width) planned at its launch from its contexts; None if planned before
 
 
 class KeyChains:
@@ -230,7 +231,8 @@ class Engine:
             return None, 0
         if self.link or len(self.rows) != 1 or self.drafter.needs_hidden or self.target.one_row:
             return None
-        plan = self._plan([r.context for r in self.rows])
+        # a step launched unchained was planned from these very contexts and counts: its plan holds
+        plan = c.plan or self._plan([r.context for r in self.rows])
         return plan if plan[1] == 0 else None
 
     def _plan(self, contexts: list[list[int]]) -> tuple[str | None, int]:
@@ -250,6 +252,7 @@ class Engine:
         for r, s in zip(rows, splits):
             r.key = s[0]  # (greedy decoding draws nothing: no keys)
         contexts = [r.context for r in rows]
+        given = plan is not None  # (planned before, from older contexts)
         source, width = plan or self._plan(contexts)
         caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
         draft = empty(caps)
@@ -279,7 +282,8 @@ class Engine:
         mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]))
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
                      source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
-                     redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before)
+                     redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before,
+                     plan=None if given else (source, width))
 
     def _discard(self, c: Cycle) -> None:
         """Undo a launched plain step that was not read: its cache entries and its keys."""
