@@ -96,7 +96,8 @@ def main() -> None:
                        "text": target.tokenizer.decode(toks), "steady_tokens": steady[0], "steady_s": steady[1],
                        "tok_s": steady[0] / steady[1] if steady[1] > 0 else 0.0,
                        "tokens_per_cycle": d["tokens_per_cycle"], "acceptance_rate": d["acceptance_rate"],
-                       "sources": d["sources"], "width_hist": d["draft_width_hist"], "auto": auto}
+                       "sources": d["sources"], "width_hist": d["draft_width_hist"], "auto": auto,
+                       "trace": [d["source_trace"], d["width_trace"], d["tokens_per_cycle_trace"]]}
                 results["runs"].append(rec)
                 mix = " ".join(f"{k}:{v['cycles']}" for k, v in d["sources"].items())
                 print(f"T={temp} {cls:24s} {arm:8s} {rec['tok_s']:.3f} tok/s  {d['tokens_per_cycle']:.2f} tok/cycle  "

@@ -13,7 +13,7 @@ from mtpcli.drafters.auto import AutoDrafter
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
-from mtpcli.policy import DECAY, AutoPolicy, CostFit, Costs, prior_costs
+from mtpcli.policy import DECAY, AutoPolicy, CostFit, Costs, fit_shift, prior_costs, shifted
 from mtpcli.sampling import SamplingParams
 from stattools import fits
 from test_engine import N, PROMPTS, target_marginals
@@ -44,7 +44,7 @@ def test_ngram_is_chosen_up_to_its_match_and_never_without_one():
     assert p.plan([[0]])[0] != "ngram"
 
 
-def test_a_source_that_estimates_its_tokens_is_expected_no_more_than_it_says():
+def test_a_source_that_estimates_its_tokens_is_expected_what_it_says_not_its_kept_acceptance():
     # the kept table says every drafted token was accepted; the source's own estimates say otherwise
     kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [1.0] * 6}, visits={"ngram": [200.0] * 6})
     est = {"v": [0.02, 0.02, 0.02]}
@@ -53,6 +53,46 @@ def test_a_source_that_estimates_its_tokens_is_expected_no_more_than_it_says():
     assert p.expected("ngram", 3, estimates=est["v"]) < 1.1 < p.expected("ngram", 3)
     est["v"] = [0.99] * 6
     assert p.plan([[0]]) == ("ngram", 6)
+
+
+def test_the_shift_is_the_log_odds_move_that_explains_the_outcomes():
+    assert fit_shift([], prior=0.4) == 0.4  # nothing seen: the kept shift
+    assert shifted(0.5, 0.0) == 0.5 and shifted(0.5, np.log(3)) == pytest.approx(0.75)
+    z = float(np.log(0.3 / 0.7))
+    up = fit_shift([(z, 1.0, 1.0)] * 40, sd=100.0)  # estimated 0.3, always passed: far up
+    assert shifted(0.3, up) > 0.95
+    half = fit_shift([(z, 1.0, 1.0), (z, 0.0, 1.0)] * 50, sd=100.0)  # passed half the time: 0.3 -> 0.5
+    assert shifted(0.3, half) == pytest.approx(0.5, abs=1e-3)
+    few = fit_shift([(z, 1.0, 1.0)] * 3)  # a few tokens move it a little, towards the prior
+    assert 0 < few < up and fit_shift([(z, 1.0, 0.1)] * 3) < few  # faded tokens weigh less
+
+
+def test_a_rows_estimates_are_calibrated_by_how_its_drafts_fared():
+    costs = Costs(1.0, {"ngram": 0.4, "model": 5.0})
+    p = AutoPolicy(["ngram", "model"], 4, costs, lambda s, c, k: [[0.3] * k] * len(c) if s == "ngram" else None,
+                   batch=2, warm=True)
+    assert p.plan([[0], [0]]) == (None, 0)  # at 30% a token is not worth its verification (40% of a step)
+    for _ in range(4):  # row 0 passes everything its lookup drafts, row 1 nothing
+        p.update([4, 4], [4, 0], source="ngram", chances=[[0.3] * 4, [0.3] * 4])
+    assert p.shift("ngram", 0) > 1.0 > -0.1 > p.shift("ngram", 1)
+    assert p.expected("ngram", 4, 0, estimates=[0.3] * 4) > 2.0 > 1.3 > p.expected("ngram", 4, 1, estimates=[0.3] * 4)
+    assert p.plan([[0], [0]])[0] == "ngram"
+    assert p.floor("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
+    keep_members(p, [1])  # row 0 left: its evidence goes with it
+    assert p.shift("ngram", 0) < -0.1 and p.plan([[0]]) == (None, 0)
+    kept = p.measured()  # the run's shift, over every row's tokens, is kept for the next run
+    assert kept is None or "ngram" in kept.shift
+
+
+def test_a_kept_shift_stays_put_near_and_moves_far():
+    kept = Costs(1.0, {"model": 0.3}, shift={"ngram": [1.0, 200.0]})
+    again = Costs.from_dict(kept.to_dict())
+    assert again.shift == {"ngram": [1.0, 200.0]}
+    assert kept.settled(Costs(1.0, {"model": 0.3}, shift={"ngram": [1.3, 40.0]})) is kept
+    moved = kept.settled(Costs(1.0, {"model": 0.3}, shift={"ngram": [-1.0, 100.0]}))
+    assert moved.shift["ngram"] == pytest.approx([(200 - 100) / 300, 200.0])
+    with pytest.raises(ValueError):
+        Costs.from_dict({"plain": 1.0, "per_token": {}, "shift": {"ngram": [float("nan"), 1]}})
 
 
 def test_a_source_never_drafts_wider_than_its_own_widest():
@@ -65,7 +105,7 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
 
 
 def test_the_floor_is_what_a_token_must_bring_to_match_plain_steps():
-    keep, go_on = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).floor("model")
+    keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).floor("model")
     assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
     assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
     assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model")[1] == 0.95  # never drafts for nothing
@@ -113,6 +153,11 @@ def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_is_not_wo
     assert passes(0.5, False) > 0.5 > passes(0.5, False) ** 2
     assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, go_on=0.5).lengths == [2]
     assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, keep=0.4, go_on=0.5).lengths == [1]
+    # a row whose drafts passed more often than their confidence said (its shift) drafts on; the chances the
+    # draft reports are the unshifted ones (the points of the next fit)
+    d = autoregress(_confident([[0.5] * 4]), [4], hot, keys, go_on=0.5, shift=[2.0])
+    assert d.lengths == [4] and d.chances == [[pytest.approx(passes(0.5, False))] * 4]
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], go_on=0.5, shift=[-2.0]).lengths == [1]
 
 
 def test_a_draft_cut_short_after_all_passed_counts_as_rejected_where_it_stopped():
@@ -270,8 +315,14 @@ def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, floor
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
     eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
-    if floor is not None:  # floors of the draft model's chance higher than the policy's, so that they cut often
-        eng.drafter.floor = lambda source: floor
+    if floor is not None:  # floors of the draft model's chance higher than the policy's, so that they cut often;
+        shifts = eng.shifts = []  # each row's shift as the policy fits it (from the row's earlier cycles)
+
+        def floored(source):
+            shift = eng.controller.floor(source)[2]
+            shifts.extend(shift)
+            return (*floor, shift)
+        eng.drafter.floor = floored
     arr = np.array([o[:2] for o in run(eng, ids, N)])
     return ids, arr[:, 0], arr[:, 1], eng
 
@@ -298,6 +349,7 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
     assert 0.2 < eng.stats.acceptance_rate < 0.98
     assert 20 < eng.stats.floor_cut < used["model"]  # the floor cut some drafts short, not all
+    assert sum(abs(d) > 0.1 for d in eng.shifts) > 20  # rows' shifts moved with their earlier cycles
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
     assert fits(np.bincount(first, minlength=len(p1)), p1)

@@ -45,7 +45,7 @@ class FixedWidth(WidthPolicy):
         return self.n
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None) -> None:
         for member, n in enumerate(drafted):
             self.history[member].append(n)
 
@@ -98,7 +98,7 @@ class EmaController(WidthPolicy):
         return max(self.member_width(m) for m in range(self.batch))
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             if n <= 0:
@@ -177,7 +177,7 @@ class CostAwareController(WidthPolicy):
         return max(range(self.n_min, self.n_max + 1), key=score)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             acc, reached = self.counts[member]
@@ -196,8 +196,10 @@ class CostAwareController(WidthPolicy):
 def keep_members(controller, members: Sequence[int]) -> None:
     """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
     leave the batch, and their estimates stop counting towards the shared width."""
-    for name in ("estimates", "history", "counts"):
+    for name in ("estimates", "history", "counts", "points"):
         if hasattr(controller, name):
             values = getattr(controller, name)
             setattr(controller, name, [values[m] for m in members])
+    if hasattr(controller, "_shifts"):
+        controller._shifts = {}  # cached per member
     controller.batch = len(members)

@@ -197,7 +197,8 @@ def auto_policy(s: Settings, target: models.Loaded, draft: models.Loaded | None,
     widest = {}  # the history's default widest draft (16) is for the history: the other sources keep theirs
     if "history" in names and s.origins.get("n_max", "default") == "default":
         widest = {n: AUTO_N_MAX for n in names if n != "history"}
-    policy = AutoPolicy(names, s.values["n_max"], prior, drafter.available, widest=widest)
+    stops = [n for n, d in drafter.sources.items() if hasattr(d, "floor")]  # the draft model, MTP heads
+    policy = AutoPolicy(names, s.values["n_max"], prior, drafter.available, widest=widest, stops=stops)
     drafter.floor = policy.floor
     return policy
 

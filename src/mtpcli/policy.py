@@ -9,8 +9,11 @@ positions it did not reach: censored; a draft that a confidence floor cut short 
 rejected at n: it commits n + 1 tokens, as a rejection there would). The counts decay every cycle, so a source
 that has not been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
 source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
-N-gram lookup and the history also estimate each token's chance (from the match behind it), and no position is
-expected to do better than that estimate.
+N-gram lookup and the history also estimate each token's chance (from the match behind it); such a source is
+expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's drafted tokens of the
+source fared against their estimates (`shift`; a file being edited repeats its prompt far more surely than a
+two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per
+token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
 T(s, k) = plain + k * per_token[s]: seconds of a plain step plus the seconds each drafted token of source s adds
 (drafting it and verifying it). The choice uses a fixed `Costs` table for the whole run: the one earlier runs on
@@ -37,11 +40,44 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
-PRIOR_WEIGHT = 1.5  # ... worth this many observations
+PRIOR_WEIGHT = 3.0  # ... worth this many observations (two early rejections must not end a good source)
 EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + times it was reached)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
+SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: the prior's spread around the kept shift
+SHIFT_POINTS = 96  # verified tokens a row keeps per source for that fit
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def shifted(p: float, shift: float) -> float:
+    """p with its log-odds moved by `shift` (a source's estimates, calibrated to what the target accepts)."""
+    if shift == 0.0:
+        return p
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return 1.0 / (1.0 + (1.0 - p) / p * math.exp(-shift))
+
+
+def fit_shift(points: Sequence[tuple[float, float, float]], prior: float = 0.0, sd: float = SHIFT_SD) -> float:
+    """The log-odds shift d that best explains outcomes y (passed: 1, rejected: 0) of tokens estimated
+    sigmoid(z), with weights w: (z, y, w) points; the maximum a posteriori under a normal prior (prior, sd),
+    so a few tokens move it a little and many move it far. Newton's method on a concave function."""
+    d = prior
+    for _ in range(30):
+        g, h = -(d - prior) / sd**2, -1.0 / sd**2
+        for z, y, w in points:
+            p = 1.0 / (1.0 + math.exp(-min(max(z + d, -30.0), 30.0)))
+            g += w * (y - p)
+            h -= w * p * (1 - p)
+        step = g / h
+        d = min(max(d - step, -6.0), 6.0)
+        if abs(step) < 1e-6:
+            break
+    return d
 
 
 def _count(a) -> bool:
@@ -58,6 +94,7 @@ class Costs:
     per_token: dict[str, float]
     accept: dict[str, list[float]] = field(default_factory=dict)
     visits: dict[str, list[float]] = field(default_factory=dict)
+    shift: dict[str, list[float]] = field(default_factory=dict)  # source -> [log-odds shift of its estimates, tokens]
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
@@ -66,22 +103,17 @@ class Costs:
 
     def prior_accept(self, source: str, n: int) -> list[float]:
         """Kept acceptance by position, shrunk towards PRIOR_ACCEPT by how rarely it was seen; past the positions
-        kept, the deepest one seen 30 times or more (else PRIOR_ACCEPT)."""
+        kept, the deepest one kept (a draft is rarely less sure deeper in, once it got there)."""
         acc, vis = self.accept.get(source, []), self.visits.get(source, [])
         vis = vis + [30.0] * (len(acc) - len(vis))  # a table kept without counts: trusted as well measured
-        out, deep = [], PRIOR_ACCEPT
-        for i in range(n):
-            if i < len(acc):
-                out.append((acc[i] * vis[i] + PRIOR_ACCEPT * 5) / (vis[i] + 5))
-                deep = acc[i] if vis[i] >= 30 else deep
-            else:
-                out.append(deep)
-        return out
+        out = [(a * v + PRIOR_ACCEPT * 5) / (v + 5) for a, v in zip(acc[:n], vis)]
+        return out + [out[-1] if out else PRIOR_ACCEPT] * (n - len(out))
 
     def to_dict(self) -> dict:
         return {"plain": self.plain, "per_token": dict(self.per_token),
                 "accept": {k: list(v) for k, v in self.accept.items()},
-                "visits": {k: list(v) for k, v in self.visits.items()}}
+                "visits": {k: list(v) for k, v in self.visits.items()},
+                "shift": {k: list(v) for k, v in self.shift.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
@@ -89,11 +121,14 @@ class Costs:
         per = {str(k): float(v) for k, v in d["per_token"].items()}
         accept = {str(k): [float(x) for x in v] for k, v in (d.get("accept") or {}).items()}
         visits = {str(k): [float(x) for x in v] for k, v in (d.get("visits") or {}).items()}
+        shift = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("shift") or {}).items()}
         if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in per.values())):
             raise ValueError("non-positive or non-finite cost")
         if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
             raise ValueError("an acceptance outside [0, 1]")
-        return cls(plain, per, accept, visits)
+        if not all(math.isfinite(a) and abs(a) <= 6 and n >= 0 for a, n in shift.values()):
+            raise ValueError("a shift outside [-6, 6]")
+        return cls(plain, per, accept, visits, shift)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
         """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
@@ -110,8 +145,15 @@ class Costs:
                 r = seen[i] if i < len(seen) else 4.0
                 if i >= len(mine) or abs(mine[i] - x) > max(0.1, 2 * math.sqrt(max(x * (1 - x), 0.01) / r)):
                     same = False
+        for k, (d, n) in measured.shift.items():  # a shift within 0.5 (or two standard errors) of the kept one
+            if k not in self.shift or abs(self.shift[k][0] - d) > max(0.5, 4 / math.sqrt(max(n, 1.0))):
+                same = False
         if same:
             return self
+        shift = {k: list(v) for k, v in self.shift.items()}
+        for k, (d, n) in measured.shift.items():
+            was, m = shift.get(k, [0.0, 0.0])
+            shift[k] = [(was * m + d * n) / (m + n), min(m + n, VISITS_CAP)] if m + n else [d, n]
         per = {**old, **{k: (old[k] + v) / 2 if k in old else v for k, v in new.items()}}
         accept = {k: list(v) for k, v in self.accept.items()}
         visits = {k: list(self.visits.get(k, [])) + [30.0] * (len(v) - len(self.visits.get(k, [])))
@@ -126,7 +168,7 @@ class Costs:
                 else:
                     acc.append(x)
                     vis.append(min(r, VISITS_CAP))
-        return Costs((self.plain + measured.plain) / 2, per, accept, visits)
+        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -169,8 +211,8 @@ class CostFit:
     def cycles(self) -> int:
         return len(self.samples) + (not self.first)
 
-    def result(self, accept: dict[str, list[float]] | None = None,
-               visits: dict[str, list[float]] | None = None) -> Costs | None:
+    def result(self, accept: dict[str, list[float]] | None = None, visits: dict[str, list[float]] | None = None,
+               shift: dict[str, list[float]] | None = None) -> Costs | None:
         import numpy as np
 
         pts = self.samples
@@ -192,7 +234,7 @@ class CostFit:
             x, y = x[keep], y[keep]
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
         return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
-                     dict(accept or {}), dict(visits or {}))
+                     dict(accept or {}), dict(visits or {}), dict(shift or {}))
 
 
 class AutoPolicy:
@@ -200,14 +242,19 @@ class AutoPolicy:
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
-                 batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None):
+                 batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
+                 stops: Sequence[str] = ()):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step. A cold run takes plain
         steps at its 2nd to 4th cycles unless it took some anyway: the intercept of the time line it keeps.
-        `widest`: a source's widest draft where it is narrower than n_max."""
+        `widest`: a source's widest draft where it is narrower than n_max. `stops`: the sources whose drafts stop
+        themselves where one more token is not worth its cost (`floor`): chosen, they are asked for their widest
+        draft, since their draft's own confidence, token by token, knows better where to stop than any width
+        chosen before it."""
         if n_max < 1:
             raise ValueError(f"n_max must be >= 1 (got {n_max})")
         self.sources, self.n_max, self.costs, self.available = list(sources), n_max, costs, available
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
+        self.stops = set(stops)
         self.batch = batch
         self.use(costs, warm)
         self.key = ""  # where the table is kept
@@ -224,11 +271,18 @@ class AutoPolicy:
             self.counts = [fresh() for _ in range(self.batch)]
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
+            self.scored = 0
             self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
             self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
+            self.points = [{s: [] for s in self.sources} for _ in range(self.batch)]  # (z, y, tick): see shift
+            self.seen_points: dict[str, list] = {s: [] for s in self.sources}
+            self.tick = 0
+            self._shifts: dict[tuple[str, int], float] = {}
         else:
             self.counts[member] = fresh()
             self.history[member] = []
+            self.points[member] = {s: [] for s in self.sources}
+            self._shifts = {}
 
     # ---- estimates ------------------------------------------------------------------------------------
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
@@ -237,13 +291,30 @@ class AutoPolicy:
         return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / (1 + r) if explore else 0))
                 for a, r, p in zip(acc, reached, prior)]
 
+    def shift(self, source: str, member: int = 0) -> float:
+        """How far (in log-odds) this row's tokens of `source` have passed more often than the source estimated
+        them: fitted to its verified tokens (older ones fading by DECAY a cycle), around the kept shift."""
+        got = self._shifts.get((source, member))
+        if got is None:
+            pts = [(z, y, DECAY ** (self.tick - t)) for z, y, t in self.points[member][source]]
+            got = fit_shift(pts, self.costs.shift.get(source, [0.0])[0]) if pts else \
+                self.costs.shift.get(source, [0.0])[0]
+            self._shifts[(source, member)] = got
+        return got
+
     def expected(self, source: str, k: int, member: int = 0, explore: bool = False,
                  estimates: Sequence[float] = ()) -> float:
         """Expected committed tokens of a cycle drafting k tokens of `source`: 1 + sum_j prod_{i<=j} a_i, where a
-        source that estimates its own tokens (`estimates`) is expected no more than it says of each."""
+        source that estimates its own tokens (`estimates`) is expected what it says of each, calibrated by the
+        row's shift for it."""
         total, run = 1.0, 1.0
-        for i, a in enumerate(self.acceptance(source, member, explore)[:k]):
-            run *= min(a, estimates[i]) if i < len(estimates) else a
+        if estimates:
+            d = self.shift(source, member)
+            chances = [shifted(e, d) for e in estimates[:k]]
+        else:
+            chances = self.acceptance(source, member, explore)[:k]
+        for a in chances:
+            run *= a
             total += run
         return total
 
@@ -254,7 +325,9 @@ class AutoPolicy:
             known = [(a / r, r) for a, r in zip(acc, reached) if r >= 4]
             if known:
                 accept[s], visits[s] = [a for a, _ in known], [r for _, r in known]
-        return self.fit.result(accept, visits)
+        shift = {s: [fit_shift([(z, y, 1.0) for z, y in pts], 0.0, 3.0), float(len(pts))]
+                 for s, pts in self.seen_points.items() if len(pts) >= 8}
+        return self.fit.result(accept, visits, shift)
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
         B = len(contexts)
@@ -282,28 +355,41 @@ class AutoPolicy:
             self.last = (None, 0)  # calibration (cold runs only): a plain step's time
             return self.last
         scores = self.scores(contexts)
-        self.last = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
+        source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
+        self.last = (source, self.widest.get(source, self.n_max) if source in self.stops else k)
+        self.scored = k  # (the width it was scored at: what `estimate` reports)
         return self.last
 
-    def floor(self, source: str) -> tuple[float, float]:
-        """(keep, go_on) for a draft of `source` (drafters.autoregress): keep a drawn token while the chance that
-        the whole draft passes is worth its verification, what a plain step makes in that time (per_token of
+    def floor(self, source: str) -> tuple[float, float, list[float]]:
+        """(keep, go_on, shift) for a draft of `source` (drafters.autoregress): keep a drawn token while the chance
+        that the whole draft passes is worth its verification, what a plain step makes in that time (per_token of
         n-gram lookup, which is verification alone, over a plain step); draw another while it is worth a draft
-        step and its verification (per_token[source] over a plain step)."""
+        step and its verification (per_token[source] over a plain step); each row's chances calibrated by its
+        shift for the source (how its drafts fared against their confidence so far)."""
         plain, per = self.costs.plain, self.costs.per_token
         step = per.get(source, plain)
         verify = min(per.get("ngram", 0.1 * plain), step)
-        return min(0.95, verify / plain), min(0.95, step / plain)
+        return min(0.95, verify / plain), min(0.95, step / plain), [self.shift(source, b) for b in range(self.batch)]
 
     def width(self) -> int:
         return self.last[1]
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None,
+               chances: Sequence[Sequence[float]] | None = None) -> None:
         """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n by a
         confidence floor, all n before passing, counts as a rejection at position n: the cycle commits n + 1
-        tokens either way (and the draft step that was cut was paid for)."""
+        tokens either way (and the draft step that was cut was paid for). `chances`: what the source estimated of
+        each drafted token (the points of its shift, for the tokens the target tested)."""
         requested = requested or drafted
+        self.tick += 1
+        self._shifts = {}
+        if chances is not None and source in self.seen_points:
+            for member, (n, a, cs) in enumerate(zip(drafted, accepted, chances)):
+                new = [(_logit(c), float(i < a)) for i, c in enumerate(cs[: min(n, a + 1)])]
+                self.points[member][source] = (self.points[member][source] + [(z, y, self.tick) for z, y in new])[
+                    -SHIFT_POINTS:]
+                self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
         for member in range(len(drafted)):
             for acc, reached in self.counts[member].values():
                 for i in range(self.n_max):
@@ -325,7 +411,7 @@ class AutoPolicy:
             self.fit.add(source, k, seconds)
 
     def estimate(self, member: int = 0) -> float | None:
-        s, k = self.last
+        s, k = self.last[0], self.scored
         if s is None:
             return None
         est = self.own_estimates.get(s)

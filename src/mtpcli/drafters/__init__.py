@@ -19,6 +19,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
 
 
@@ -28,6 +29,9 @@ class Draft:
     q: mx.array | None  # (B, k, V) draft distributions, or None for deterministic (one-hot) drafts
     lengths: list[int]  # realized draft length per row (a confidence floor may cut a draft short)
     requested: list[int]  # the width each row was asked for
+    chances: list[list[float]] | None = None  # per row, each drafted token's chance to pass as its source
+    #                                           estimates it (n-gram match, the draft's confidence), if it does
+
 
     @property
     def k(self) -> int:
@@ -38,12 +42,13 @@ def empty(caps: list[int]) -> Draft:
     return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
 
 
-def deterministic(found: list[list[int]]) -> Draft:
+def deterministic(found: list[list[int]], chances: list[list[float]] | None = None) -> Draft:
     """A draft of token lists found by lookup (no q: one-hot), padded to the longest; each row as long as its list."""
     k = max(len(f) for f in found)
     tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)
     lengths = [len(f) for f in found]
-    return Draft(tokens, None, lengths, lengths)
+    return Draft(tokens, None, lengths, lengths, chances)
+
 
 
 def passes(conf: float, greedy: bool) -> float:
@@ -56,7 +61,7 @@ def passes(conf: float, greedy: bool) -> float:
 
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
-                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0) -> Draft:
+                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own
     keys, so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely
@@ -68,11 +73,13 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     own token is not worth verifying. The rows still drafting stop together (the batch's next draft step and its
     verify width are paid for all of them, so one row stopping alone would save nothing). All of it depends on
     q, never on the token a row would draw, so the exact law still holds (one host sync per step, only when
-    asked for)."""
+    asked for). `shift`: per row, a log-odds shift of `passes` (how this row's drafts have fared so far); the
+    draft's `chances` are the unshifted ones."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []
     chance = [1.0] * B
+    raw: list[list[float]] = [[] for _ in range(B)]
     t = None
     for j in range(k):
         logits = step(t)
@@ -87,7 +94,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
             qs.append(q)
         if p_min > 0.0 or keep > 0.0 or go_on > 0.0:
             for b, c in enumerate(conf.max(axis=-1).tolist()):
-                chance[b] *= passes(c, sp.greedy)
+                raw[b].append(passes(c, sp.greedy))
+                chance[b] *= shifted(raw[b][-1], shift[b] if shift else 0.0)
                 if c < p_min and j < lengths[b]:
                     lengths[b] = j
             going = [b for b in range(B) if j < lengths[b]]
@@ -103,7 +111,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
-    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps))
+    chances = [r[:n] for r, n in zip(raw, lengths)] if raw[0] else None
+    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), chances)
 
 
 class NoDraft:

@@ -20,7 +20,7 @@ class AutoDrafter:
         self.needs_hidden = any(d.needs_hidden for d in self.sources.values())
         rows = [d.max_rows for d in self.sources.values() if d.max_rows]
         self.max_rows = min(rows) if rows else None
-        self.floor = lambda source: (0.0, 0.0)  # the policy's (keep, go_on), once there is one
+        self.floor = lambda source: (0.0, 0.0, None)  # the policy's (keep, go_on, shift), once there is one
 
     def available(self, source: str, contexts: list, k: int) -> list | None:
         """What a deterministic source has for each row before drafting: a number of tokens, or each token's

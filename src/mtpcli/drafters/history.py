@@ -231,11 +231,12 @@ class HistoryDrafter:
 
     def available(self, contexts, k: int) -> list[list[float]]:
         """Each row's draft at width k as the estimated probability of each of its tokens given the ones before
-        (what `auto` weighs: it expects no more of a position than this)."""
+        (what `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift)."""
         return [self.look(b, c, k)[1] for b, c in enumerate(contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
-        return deterministic([self.lookup(b, c, k) if k > 0 else [] for b, (c, k) in enumerate(zip(contexts, caps))])
+        found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
+        return deterministic([f[0] for f in found], [f[1] for f in found])
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         pass

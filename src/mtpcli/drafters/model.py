@@ -20,7 +20,7 @@ class ModelDrafter:
         self.lm.require_rollback()  # refused before decoding, not at the first rejection
         self.max_rows = 1 if self.lm.one_row else None
         self.p_min = p_min
-        self.floor = (0.0, 0.0)  # draft = auto: (keep, go_on), see autoregress
+        self.floor = (0.0, 0.0, None)  # draft = auto: (keep, go_on, shift), see autoregress
         self._proposed_from: list[int] = []
         self._fed = 0
 

@@ -27,7 +27,7 @@ class MtpDrafter:
         inner, lm_head = split_model(target_model)
         self.head, self.embed, self.lm_head = head, inner.embed_tokens, lm_head
         self.p_min, self.prefill_step = p_min, prefill_step
-        self.floor = (0.0, 0.0)  # draft = auto: (keep, go_on), see autoregress
+        self.floor = (0.0, 0.0, None)  # draft = auto: (keep, go_on, shift), see autoregress
         self.cache = KVCache()
         self.pending: tuple[list[mx.array], list[int]] | None = None  # committed pairs not yet in the cache
         self._committed = 0  # cache entries that are committed pairs (the rest are speculative)

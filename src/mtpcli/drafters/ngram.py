@@ -86,11 +86,12 @@ class NgramDrafter:
 
     def available(self, contexts, k: int) -> list[list[float]]:
         """Each row's draft at width k as each token's estimated probability given the ones before it (what
-        `auto` weighs: it expects no more of a position than this); [] where there is no match."""
+        `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift); [] where there is no match."""
         return [ix.look(c, k)[1] for ix, c in zip(self.rows, contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
-        return deterministic([ix.lookup(c, k) if k > 0 else [] for ix, c, k in zip(self.rows, contexts, caps)])
+        found = [ix.look(c, k) if k > 0 else ([], []) for ix, c, k in zip(self.rows, contexts, caps)]
+        return deterministic([f[0] for f in found], [f[1] for f in found])
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         pass
