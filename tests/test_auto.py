@@ -53,6 +53,10 @@ def test_a_source_that_estimates_its_tokens_is_expected_what_it_says_not_its_kep
     assert p.expected("ngram", 3, estimates=est["v"]) < 1.1 < p.expected("ngram", 3)
     est["v"] = [0.99] * 6
     assert p.plan([[0]]) == ("ngram", 6)
+    # and the other way: a poor kept acceptance does not hold back a source sure of its tokens
+    poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [0.05] * 6}, visits={"ngram": [200.0] * 6})
+    q = AutoPolicy(["ngram", "model"], 6, poor, lambda s, c, k: [[0.99] * k] if s == "ngram" else [0], warm=True)
+    assert q.plan([[0]]) == ("ngram", 6) and q.expected("ngram", 6) < 1.1
 
 
 def test_the_shift_is_the_log_odds_move_that_explains_the_outcomes():
@@ -72,16 +76,16 @@ def test_a_rows_estimates_are_calibrated_by_how_its_drafts_fared():
     p = AutoPolicy(["ngram", "model"], 4, costs, lambda s, c, k: [[0.3] * k] * len(c) if s == "ngram" else None,
                    batch=2, warm=True)
     assert p.plan([[0], [0]]) == (None, 0)  # at 30% a token is not worth its verification (40% of a step)
-    for _ in range(4):  # row 0 passes everything its lookup drafts, row 1 nothing
-        p.update([4, 4], [4, 0], source="ngram", chances=[[0.3] * 4, [0.3] * 4])
+    for _ in range(6):  # row 0 passes everything its lookup drafts, row 1 nothing
+        p.update([4, 4], [4, 0], source="ngram", chances=[[0.3] * 4, [0.3] * 4], seconds=1.4)
     assert p.shift("ngram", 0) > 1.0 > -0.1 > p.shift("ngram", 1)
     assert p.expected("ngram", 4, 0, estimates=[0.3] * 4) > 2.0 > 1.3 > p.expected("ngram", 4, 1, estimates=[0.3] * 4)
     assert p.plan([[0], [0]])[0] == "ngram"
     assert p.floor("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
     keep_members(p, [1])  # row 0 left: its evidence goes with it
     assert p.shift("ngram", 0) < -0.1 and p.plan([[0]]) == (None, 0)
-    kept = p.measured()  # the run's shift, over every row's tokens, is kept for the next run
-    assert kept is None or "ngram" in kept.shift
+    kept = p.measured()  # the run's shift, over every row's tokens (24 passed, 6 rejected), is kept for the next run
+    assert kept.shift["ngram"][1] == 30 and shifted(0.3, kept.shift["ngram"][0]) == pytest.approx(0.8, abs=0.02)
 
 
 def test_a_kept_shift_stays_put_near_and_moves_far():
@@ -109,6 +113,13 @@ def test_the_floor_is_what_a_token_must_bring_to_match_plain_steps():
     assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
     assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
     assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model")[1] == 0.95  # never drafts for nothing
+    # once a plan expects more than plain steps give, a token must match that rate (the best plan's, with no
+    # exploration bonus): n-gram lookup sure of 6 tokens makes 7 tokens in 0.8 s
+    p = AutoPolicy(["ngram", "model"], 6, Costs(0.5, {"ngram": 0.05, "model": 0.3}),
+                   lambda s, c, k: [[0.999999] * k] if s == "ngram" else None, warm=True)
+    assert p.plan([[0]]) == ("ngram", 6)
+    keep, go_on, _ = p.floor("model")
+    assert keep == pytest.approx(0.05 * 7 / 0.8, rel=1e-3) and go_on == 0.95
 
 
 def _confident(confs):
@@ -256,7 +267,8 @@ def test_kept_costs_stay_put_within_tolerance_and_move_beyond_it():
 def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available, warm=True)  # no calibration steps
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available, warm=True,  # no calibration steps
+                     stops=["model"])  # as generate.auto_policy: the model is asked for its widest
     drafter.floor = pol.floor  # as generate.auto_policy wires it: the draft model stops where it is unsure
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
                   batch_size)
@@ -296,7 +308,8 @@ def test_auto_greedy_is_token_identical_on_windowed_and_hybrid_targets(tiny, tmp
     ids = list(target.tokenizer.encode("abcabcabcabc"))
     plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available, warm=True), (),
+    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available, warm=True,
+                                                   stops=["model"]), (),
                  DecodeConfig(max_tokens=60))
     assert run(eng, ids) == plain
     assert eng.stats.drafted > 0 and eng.stats.cycles < eng.stats.generated_tokens  # it really speculated

@@ -49,8 +49,11 @@ SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: the prior'
 SHIFT_POINTS = 96  # verified tokens a row keeps per source for that fit
 
 
+EDGE = 1e-4  # estimates are taken within [EDGE, 1 - EDGE]: a certain one would leave no room for a shift
+
+
 def _logit(p: float) -> float:
-    p = min(max(p, 1e-4), 1 - 1e-4)
+    p = min(max(p, EDGE), 1 - EDGE)
     return math.log(p / (1 - p))
 
 
@@ -58,25 +61,28 @@ def shifted(p: float, shift: float) -> float:
     """p with its log-odds moved by `shift` (a source's estimates, calibrated to what the target accepts)."""
     if shift == 0.0:
         return p
-    p = min(max(p, 1e-6), 1 - 1e-6)
-    return 1.0 / (1.0 + (1.0 - p) / p * math.exp(-shift))
+    return 1.0 / (1.0 + math.exp(-(_logit(p) + shift)))
 
 
 def fit_shift(points: Sequence[tuple[float, float, float]], prior: float = 0.0, sd: float = SHIFT_SD) -> float:
     """The log-odds shift d that best explains outcomes y (passed: 1, rejected: 0) of tokens estimated
     sigmoid(z), with weights w: (z, y, w) points; the maximum a posteriori under a normal prior (prior, sd),
-    so a few tokens move it a little and many move it far. Newton's method on a concave function."""
+    so a few tokens move it a little and many move it far. Newton's method on a concave function, within
+    [-6, 6]."""
+    import numpy as np
+
+    if not len(points):
+        return prior
+    z, y, w = np.array(points, dtype=np.float64).T
     d = prior
     for _ in range(30):
-        g, h = -(d - prior) / sd**2, -1.0 / sd**2
-        for z, y, w in points:
-            p = 1.0 / (1.0 + math.exp(-min(max(z + d, -30.0), 30.0)))
-            g += w * (y - p)
-            h -= w * p * (1 - p)
-        step = g / h
-        d = min(max(d - step, -6.0), 6.0)
-        if abs(step) < 1e-6:
-            break
+        p = 1.0 / (1.0 + np.exp(-np.clip(z + d, -30.0, 30.0)))
+        g = float(w @ (y - p)) - (d - prior) / sd**2
+        h = -float(w @ (p * (1 - p))) - 1.0 / sd**2
+        new = min(max(d - g / h, -6.0), 6.0)
+        if abs(new - d) < 1e-7:
+            return new
+        d = new
     return d
 
 
@@ -126,7 +132,7 @@ class Costs:
             raise ValueError("non-positive or non-finite cost")
         if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
             raise ValueError("an acceptance outside [0, 1]")
-        if not all(math.isfinite(a) and abs(a) <= 6 and n >= 0 for a, n in shift.values()):
+        if not all(math.isfinite(a) and abs(a) <= 6 and math.isfinite(n) and n >= 0 for a, n in shift.values()):
             raise ValueError("a shift outside [-6, 6]")
         return cls(plain, per, accept, visits, shift)
 
@@ -272,6 +278,7 @@ class AutoPolicy:
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
             self.scored = 0
+            self.rate = self.best = 0.0  # tokens per second a row expects of the best plan (best: of the batch)
             self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
             self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
             self.points = [{s: [] for s in self.sources} for _ in range(self.batch)]  # (z, y, tick): see shift
@@ -293,7 +300,8 @@ class AutoPolicy:
 
     def shift(self, source: str, member: int = 0) -> float:
         """How far (in log-odds) this row's tokens of `source` have passed more often than the source estimated
-        them: fitted to its verified tokens (older ones fading by DECAY a cycle), around the kept shift."""
+        them: fitted to its verified tokens (older ones fading by DECAY a cycle), around the kept shift; fitted
+        again when the row has new tokens of the source."""
         got = self._shifts.get((source, member))
         if got is None:
             pts = [(z, y, DECAY ** (self.tick - t)) for z, y, t in self.points[member][source]]
@@ -330,8 +338,11 @@ class AutoPolicy:
         return self.fit.result(accept, visits, shift)
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
+        """Expected tokens per second of every plan (the exploration bonus included); `best`: the best of them
+        without the bonus."""
         B = len(contexts)
         out = {(None, 0): B / self.costs.time(None, 0)}
+        self.best = out[(None, 0)]
         self.own_estimates = {}
         for s in self.sources:
             widest = self.widest.get(s, self.n_max)
@@ -347,6 +358,9 @@ class AutoPolicy:
                     break
                 e = sum(self.expected(s, c, b, explore=True, estimates=est[b]) for b, c in enumerate(caps))
                 out[(s, k)] = e / self.costs.time(s, max(caps))
+                if not any(est):  # (a source's own estimates carry no bonus)
+                    e = sum(self.expected(s, c, b, estimates=est[b]) for b, c in enumerate(caps))
+                self.best = max(self.best, e / self.costs.time(s, max(caps)))
         return out
 
     # ---- the controller API --------------------------------------------------------------------------
@@ -356,20 +370,25 @@ class AutoPolicy:
             return self.last
         scores = self.scores(contexts)
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
+        self.rate = self.best / len(contexts)  # the best a row expects, without optimism: tokens per second
         self.last = (source, self.widest.get(source, self.n_max) if source in self.stops else k)
         self.scored = k  # (the width it was scored at: what `estimate` reports)
         return self.last
 
     def floor(self, source: str) -> tuple[float, float, list[float]]:
         """(keep, go_on, shift) for a draft of `source` (drafters.autoregress): keep a drawn token while the chance
-        that the whole draft passes is worth its verification, what a plain step makes in that time (per_token of
-        n-gram lookup, which is verification alone, over a plain step); draw another while it is worth a draft
-        step and its verification (per_token[source] over a plain step); each row's chances calibrated by its
-        shift for the source (how its drafts fared against their confidence so far)."""
+        that the whole draft passes is worth its verification, what the best plan makes in that time (per_token
+        of n-gram lookup, which is verification alone, times the best expected tokens per second: at least a
+        plain step's); draw another while it is worth a draft step and its verification (per_token[source] times
+        that rate). That rate is the one to beat: a draft goes on while its next token comes faster than the run's
+        tokens come on average (the marginal value theorem of foraging: leave the patch when it yields less than
+        the whole forest). Each row's chances are calibrated by its shift for the source (how its drafts fared
+        against their confidence so far)."""
         plain, per = self.costs.plain, self.costs.per_token
         step = per.get(source, plain)
         verify = min(per.get("ngram", 0.1 * plain), step)
-        return min(0.95, verify / plain), min(0.95, step / plain), [self.shift(source, b) for b in range(self.batch)]
+        rate = max(self.rate, 1.0 / plain)
+        return min(0.95, verify * rate), min(0.95, step * rate), [self.shift(source, b) for b in range(self.batch)]
 
     def width(self) -> int:
         return self.last[1]
@@ -383,10 +402,11 @@ class AutoPolicy:
         each drafted token (the points of its shift, for the tokens the target tested)."""
         requested = requested or drafted
         self.tick += 1
-        self._shifts = {}
         if chances is not None and source in self.seen_points:
             for member, (n, a, cs) in enumerate(zip(drafted, accepted, chances)):
                 new = [(_logit(c), float(i < a)) for i, c in enumerate(cs[: min(n, a + 1)])]
+                if new:
+                    self._shifts.pop((source, member), None)
                 self.points[member][source] = (self.points[member][source] + [(z, y, self.tick) for z, y in new])[
                     -SHIFT_POINTS:]
                 self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
