@@ -51,9 +51,6 @@ class Index:
                 return end, m
         return None
 
-    def lookup(self, context: list[int], k: int) -> list[int]:
-        return self.look(context, k)[0]
-
     def look(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
         """The draft of up to k tokens and each token's estimate given the ones before it."""
         found = self.find(context)
