@@ -253,6 +253,39 @@ def test_a_long_run_keeps_its_plain_steps_and_leaves_catch_up_cycles_out():
     assert got.plain == pytest.approx(1.0, rel=0.05) and got.per_token["model"] == pytest.approx(0.3, rel=0.05)
 
 
+def test_a_plain_step_is_charged_its_own_measured_time_not_the_drafting_intercept():
+    # the draft model's first token passes half the time: 1.5 tokens for 1.3 s beats a plain step at the
+    # intercept's 1.0 s, not a plain step that costs 0.8 s of its own
+    est = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.5] * 6}, visits={"model": [1e4] * 6})
+    avail = lambda s, c, k: [0] * len(c) if s == "ngram" else None  # noqa: E731
+    def seen(p):
+        for i in range(60):  # half its first tokens passed, often enough that little exploration bonus is left
+            p.update([1], [i % 2], source="model")
+        assert 1.3 < p.expected("model", 1, explore=True) < 1.3 / 0.8
+        return p
+
+    assert seen(AutoPolicy(["ngram", "model"], 1, est, avail, warm=True)).plan([[0]]) == ("model", 1)
+    est.step = 0.8
+    p = seen(AutoPolicy(["ngram", "model"], 1, est, avail, warm=True))
+    assert p.plan([[0]]) == (None, 0) and p.costs.time(None, 0) == 0.8 and p.costs.time("model", 1) == 1.3
+    assert p.floor("model")[1] == pytest.approx(0.3 / 0.8)  # a draft step must beat the plain steps' own rate
+    # measured: the median of the plain steps, beside an intercept fitted to the drafting cycles
+    fit = CostFit(prior_costs(["model"], {"model": 0.5}, gpu=False))
+    fit.add(None, 0, 9.0)  # the first cycle: compilation, left out
+    for i in range(60):
+        fit.add(*((None, 0, 0.8) if i % 3 == 0 else ("model", 1 + i % 4, 1.0 + 0.3 * (1 + i % 4))))
+    got = fit.result()
+    assert got.step == pytest.approx(0.8) and got.plain == pytest.approx(1.0, rel=0.1)
+    # kept: through the run log's dict, checked there, merged as the other costs
+    assert Costs.from_dict(got.to_dict()).step == pytest.approx(0.8)
+    assert Costs.from_dict(Costs(1.0, {}).to_dict()).step is None  # (a table kept before it is still read)
+    with pytest.raises(ValueError):
+        Costs.from_dict({**got.to_dict(), "step": -1.0})
+    assert got.settled(Costs(got.plain, got.per_token, step=0.82)) is got
+    assert got.settled(Costs(got.plain, got.per_token, step=1.6)).step == pytest.approx(1.2)
+    assert Costs(1.0, {}).settled(Costs(1.0, {}, step=0.8)).step == 0.8  # an old table learns its step
+
+
 def test_kept_costs_stay_put_within_tolerance_and_move_beyond_it():
     old = Costs(1.0, {"ngram": 0.1, "model": 0.3})
     assert old.settled(Costs(1.05, {"ngram": 0.11, "model": 0.32})) is old  # same seed, same output next run

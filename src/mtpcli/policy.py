@@ -15,10 +15,13 @@ source fared against their estimates (`shift`; a file being edited repeats its p
 two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per
 token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
-T(s, k) = plain + k * per_token[s]: seconds of a plain step plus the seconds each drafted token of source s adds
-(drafting it and verifying it). The choice uses a fixed `Costs` table for the whole run: the one earlier runs on
-this machine left (the run log keeps it per model, draft, machine, sampling and batch size; it also holds each
-source's acceptance by position, the prior of a row's estimates), or the prior from the models' sizes. Meanwhile
+T(s, k) = plain + k * per_token[s]: the intercept of drafting cycles plus the seconds each drafted token of source s
+adds (drafting it and verifying it); T(none, 0) = step: a plain step's own seconds, measured apart (in a run of
+plain steps each is launched before the previous one is read, and it samples one position: on a CPU it costs about
+a tenth less than the intercept, which had charged every plain step as if it were a draft's verification). The
+choice uses a fixed `Costs` table for the whole run: the one earlier runs on this machine left (the run log keeps it
+per model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of
+a row's estimates), or the prior from the models' sizes. Meanwhile
 `Measured` records this run, to be kept for the next one. A source's expected tokens get an exploration bonus that
 shrinks with the evidence (EXPLORE / (1 + reached)), so a source the table calls poor is still tried now and
 then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
@@ -101,10 +104,14 @@ class Costs:
     accept: dict[str, list[float]] = field(default_factory=dict)
     visits: dict[str, list[float]] = field(default_factory=dict)
     shift: dict[str, list[float]] = field(default_factory=dict)  # source -> [log-odds shift of its estimates, tokens]
+    # a plain step's own seconds (median of the plain steps measured): in a run of them each is launched before the
+    # previous one is read, and it verifies and samples one position, so it costs less than the intercept of
+    # drafting cycles (`plain`); None where never measured
+    step: float | None = None
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
-            return self.plain
+            return self.step or self.plain
         return self.plain + k * self.per_token.get(source, self.plain)
 
     def prior_accept(self, source: str, n: int) -> list[float]:
@@ -119,7 +126,7 @@ class Costs:
         return {"plain": self.plain, "per_token": dict(self.per_token),
                 "accept": {k: list(v) for k, v in self.accept.items()},
                 "visits": {k: list(v) for k, v in self.visits.items()},
-                "shift": {k: list(v) for k, v in self.shift.items()}}
+                "shift": {k: list(v) for k, v in self.shift.items()}, **({"step": self.step} if self.step else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
@@ -128,13 +135,16 @@ class Costs:
         accept = {str(k): [float(x) for x in v] for k, v in (d.get("accept") or {}).items()}
         visits = {str(k): [float(x) for x in v] for k, v in (d.get("visits") or {}).items()}
         shift = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("shift") or {}).items()}
+        step = None if d.get("step") is None else float(d["step"])
+        if step is not None and not (step > 0 and math.isfinite(step)):
+            raise ValueError("non-positive or non-finite plain step")
         if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in per.values())):
             raise ValueError("non-positive or non-finite cost")
         if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
             raise ValueError("an acceptance outside [0, 1]")
         if not all(math.isfinite(a) and abs(a) <= 6 and math.isfinite(n) and n >= 0 for a, n in shift.values()):
             raise ValueError("a shift outside [-6, 6]")
-        return cls(plain, per, accept, visits, shift)
+        return cls(plain, per, accept, visits, shift, step)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
         """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
@@ -144,7 +154,10 @@ class Costs:
         Else a merge: costs halfway, acceptance weighted by counts (capped at VISITS_CAP, so it keeps moving)."""
         old, new = self.per_token, measured.per_token
         pairs = [(self.plain, measured.plain)] + [(old[k], new[k]) for k in new if k in old]
-        same = set(new) <= set(old) and all(abs(a - b) <= tolerance * max(a, 0.1 * self.plain) for a, b in pairs)
+        if measured.step:
+            pairs.append((self.step or self.plain, measured.step))
+        same = (self.step is not None or measured.step is None) and set(new) <= set(old) and \
+            all(abs(a - b) <= tolerance * max(a, 0.1 * self.plain) for a, b in pairs)
         for k, xs in measured.accept.items():
             mine, seen = self.accept.get(k, []), measured.visits.get(k, [])
             for i, x in enumerate(xs):
@@ -174,7 +187,8 @@ class Costs:
                 else:
                     acc.append(x)
                     vis.append(min(r, VISITS_CAP))
-        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift)
+        step = (self.step + measured.step) / 2 if self.step and measured.step else measured.step or self.step
+        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -191,8 +205,8 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 class CostFit:
     """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior (in
     seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step). The
-    first cycle (compilation, cold caches) is left out; plain steps are also kept apart, so that a long run's
-    window of drafting cycles never loses the intercept; a cycle slower than twice the first fit's line (a source
+    first cycle (compilation, cold caches) is left out; plain steps are kept apart: their median is a plain step's
+    own time (`step`) and anchors the intercept's prior where no table is kept; a cycle slower than twice the first fit's line (a source
     catching up on a long backlog) is left out of the second."""
 
     prior: Costs
@@ -225,22 +239,28 @@ class CostFit:
         if len(pts) < 4:
             return None
         names = sorted(self.prior.per_token)
-        # the line's intercept is a plain step: measured, else the kept one, else no cycle is faster than it
+        # the prior of the intercept: a plain step measured, else the kept intercept, else the fastest cycle
         plain = float(np.median(self.plains)) if self.plains else \
             self.prior.plain if self.known else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
-        reg = np.sqrt([8.0 if self.known or self.plains else 2.0] + [2.0] * len(names))  # worth this many samples
+        # the line is drafting cycles' (a plain step has its own time, `step`) where their widths tell intercept
+        # from slope: four cycles of two widths at least; else plain steps anchor its intercept
+        line = [p for p in pts if p[1]]
+        line = line if len(line) >= 4 and len({(s, k) for s, k, _ in line}) >= 2 else pts
+        anchored = self.known or (self.plains and line is pts)
+        reg = np.sqrt([8.0 if anchored else 2.0] + [2.0] * len(names))  # worth this many samples
         px = np.diag(reg)
         py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names])
-        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
-        y = np.array([t for _, _, t in pts])
+        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in line])
+        y = np.array([t for _, _, t in line])
         for _ in range(2):
             coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
             keep = y <= 2 * np.maximum(x @ coef, 1e-9)
             x, y = x[keep], y[keep]
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
+        step = float(np.median(self.plains)) if self.plains else self.prior.step if self.known else None
         return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
-                     dict(accept or {}), dict(visits or {}), dict(shift or {}))
+                     dict(accept or {}), dict(visits or {}), dict(shift or {}), step)
 
 
 class AutoPolicy:
@@ -387,7 +407,7 @@ class AutoPolicy:
         plain, per = self.costs.plain, self.costs.per_token
         step = per.get(source, plain)
         verify = min(per.get("ngram", 0.1 * plain), step)
-        rate = max(self.rate, 1.0 / plain)
+        rate = max(self.rate, 1.0 / self.costs.time(None, 0))
         return min(0.95, verify * rate), min(0.95, step * rate), [self.shift(source, b) for b in range(self.batch)]
 
     def width(self) -> int:
