@@ -272,10 +272,14 @@ def test_a_plain_step_is_charged_its_own_measured_time_not_the_drafting_intercep
     # measured: the median of the plain steps, beside an intercept fitted to the drafting cycles
     fit = CostFit(prior_costs(["model"], {"model": 0.5}, gpu=False))
     fit.add(None, 0, 9.0)  # the first cycle: compilation, left out
-    for i in range(60):
-        fit.add(*((None, 0, 0.8) if i % 3 == 0 else ("model", 1 + i % 4, 1.0 + 0.3 * (1 + i % 4))))
+    for i in range(60):  # runs of two plain steps, the second launched before the first was read
+        fit.add(*((None, 0, 0.95 if i % 6 == 0 else 0.8) if i % 6 < 2 else ("model", 1 + i % 4, 1.0 + 0.3 * (1 + i % 4))))
     got = fit.result()
     assert got.step == pytest.approx(0.8) and got.plain == pytest.approx(1.0, rel=0.1)
+    lone = CostFit(prior_costs(["model"], {"model": 0.5}, gpu=False))
+    for i in range(60):  # plain steps only between drafts: none chained, none measured a step
+        lone.add(*((None, 0, 0.95) if i % 3 == 0 else ("model", 1 + i % 4, 1.0 + 0.3 * (1 + i % 4))))
+    assert lone.result().step is None and lone.result().time(None, 0) == lone.result().plain
     # kept: through the run log's dict, checked there, merged as the other costs
     assert Costs.from_dict(got.to_dict()).step == pytest.approx(0.8)
     assert Costs.from_dict(Costs(1.0, {}).to_dict()).step is None  # (a table kept before it is still read)

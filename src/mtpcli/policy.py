@@ -205,17 +205,20 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 class CostFit:
     """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior (in
     seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step). The
-    first cycle (compilation, cold caches) is left out; plain steps are kept apart: their median is a plain step's
-    own time (`step`) and anchors the intercept's prior where no table is kept; a cycle slower than twice the first fit's line (a source
+    first cycle (compilation, cold caches) is left out; plain steps are kept apart: they anchor the intercept's
+    prior, and the median of those after a plain step (chained) is a plain step's own time (`step`); a cycle slower than twice the first fit's line (a source
     catching up on a long backlog) is left out of the second."""
 
     prior: Costs
     known: bool = False
     samples: list[tuple[str | None, int, float]] = field(default_factory=list)
     plains: list[float] = field(default_factory=list)
+    chained: list[float] = field(default_factory=list)  # plain steps after a plain step: launched before it was read
     first: bool = True
+    after_plain: bool = False
 
     def add(self, source: str | None, k: int, seconds: float) -> None:
+        after, self.after_plain = self.after_plain, not k
         if self.first:
             self.first = False
             return
@@ -224,6 +227,9 @@ class CostFit:
         if not k:
             self.plains.append(seconds)
             del self.plains[:-64]
+            if after:
+                self.chained.append(seconds)
+                del self.chained[:-64]
 
     def plain_samples(self) -> int:
         return len(self.plains)
@@ -258,7 +264,9 @@ class CostFit:
             keep = y <= 2 * np.maximum(x @ coef, 1e-9)
             x, y = x[keep], y[keep]
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
-        step = float(np.median(self.plains)) if self.plains else self.prior.step if self.known else None
+        # a plain step's own time: that of one in a run of them (the first after a draft is not overlapped; it
+        # is the price of leaving drafting, paid once a run)
+        step = float(np.median(self.chained)) if len(self.chained) >= 3 else self.prior.step if self.known else None
         return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
                      dict(accept or {}), dict(visits or {}), dict(shift or {}), step)
 
