@@ -275,7 +275,7 @@ def test_a_plain_step_is_charged_its_own_measured_time_not_the_drafting_intercep
     for i in range(60):  # runs of two plain steps, the second launched before the first was read
         fit.add(*((None, 0, 0.95 if i % 6 == 0 else 0.8) if i % 6 < 2 else ("model", 1 + i % 4, 1.0 + 0.3 * (1 + i % 4))))
     got = fit.result()
-    assert got.step == pytest.approx(0.8) and got.plain == pytest.approx(1.0, rel=0.1)
+    assert got.step == pytest.approx(0.8) and got.plain > 0.85 and got.per_token["model"] == pytest.approx(0.3, rel=0.2)
     lone = CostFit(prior_costs(["model"], {"model": 0.5}, gpu=False))
     for i in range(60):  # plain steps only between drafts: none chained, none measured a step
         lone.add(*((None, 0, 0.95) if i % 3 == 0 else ("model", 1 + i % 4, 1.0 + 0.3 * (1 + i % 4))))

@@ -15,7 +15,7 @@ source fared against their estimates (`shift`; a file being edited repeats its p
 two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per
 token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
-T(s, k) = plain + k * per_token[s]: the intercept of drafting cycles plus the seconds each drafted token of source s
+T(s, k) = plain + k * per_token[s]: the line fitted to all cycles, plus the seconds each drafted token of source s
 adds (drafting it and verifying it); T(none, 0) = step: a plain step's own seconds, measured apart (in a run of
 plain steps each is launched before the previous one is read, and it samples one position: on a CPU it costs about
 a tenth less than the intercept, which had charged every plain step as if it were a draft's verification). The
@@ -245,20 +245,15 @@ class CostFit:
         if len(pts) < 4:
             return None
         names = sorted(self.prior.per_token)
-        # the prior of the intercept: a plain step measured, else the kept intercept, else the fastest cycle
+        # the line's intercept is a plain step: measured, else the kept one, else no cycle is faster than it
         plain = float(np.median(self.plains)) if self.plains else \
             self.prior.plain if self.known else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
-        # the line is drafting cycles' (a plain step has its own time, `step`) where their widths tell intercept
-        # from slope: four cycles of two widths at least; else plain steps anchor its intercept
-        line = [p for p in pts if p[1]]
-        line = line if len(line) >= 4 and len({(s, k) for s, k, _ in line}) >= 2 else pts
-        anchored = self.known or (self.plains and line is pts)
-        reg = np.sqrt([8.0 if anchored else 2.0] + [2.0] * len(names))  # worth this many samples
+        reg = np.sqrt([8.0 if self.known or self.plains else 2.0] + [2.0] * len(names))  # worth this many samples
         px = np.diag(reg)
         py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names])
-        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in line])
-        y = np.array([t for _, _, t in line])
+        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
+        y = np.array([t for _, _, t in pts])
         for _ in range(2):
             coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
             keep = y <= 2 * np.maximum(x @ coef, 1e-9)
