@@ -312,12 +312,13 @@ class Engine:
         for ctx, new in zip(contexts, news):
             ctx.extend(new)
         now = time.perf_counter()
+        chained = c.t0 < self._t_last  # launched before the previous cycle was read
         seconds = now - max(c.t0, self._t_last)  # chained plain steps overlap: count each moment once
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
             self.controller.update(c.lengths, n_acc, seconds=seconds, source=c.planned, requested=c.requested,
-                                   chances=c.chances)
+                                   chances=c.chances, chained=chained)
         self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped

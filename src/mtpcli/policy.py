@@ -205,49 +205,51 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 class CostFit:
     """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior (in
     seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step). The
-    first cycle (compilation, cold caches) is left out; plain steps are kept apart: they anchor the intercept's
-    prior, and the median of those after a plain step (chained) is a plain step's own time (`step`); a cycle slower than twice the first fit's line (a source
-    catching up on a long backlog) is left out of the second."""
+    first cycle (compilation, cold caches) is left out. Plain steps are kept apart: one launched after the previous
+    cycle was read is a cycle of width 0 on the line, and the median of those anchors its intercept; one launched
+    before (chained) overlaps the one before it and is not on the line: the median of those is a plain step's own
+    time (`step`). A cycle slower than twice the first fit's line (a source catching up on a long backlog) is left
+    out of the second."""
 
     prior: Costs
     known: bool = False
     samples: list[tuple[str | None, int, float]] = field(default_factory=list)
     plains: list[float] = field(default_factory=list)
-    chained: list[float] = field(default_factory=list)  # plain steps after a plain step: launched before it was read
+    chained: list[float] = field(default_factory=list)
     first: bool = True
-    after_plain: bool = False
 
-    def add(self, source: str | None, k: int, seconds: float) -> None:
-        after, self.after_plain = self.after_plain, not k
+    def add(self, source: str | None, k: int, seconds: float, chained: bool = False) -> None:
         if self.first:
             self.first = False
+            return
+        if chained and not k:
+            self.chained.append(seconds)
+            del self.chained[:-64]
             return
         self.samples.append((source if k else None, k, seconds))
         del self.samples[:-WINDOW]
         if not k:
             self.plains.append(seconds)
             del self.plains[:-64]
-            if after:
-                self.chained.append(seconds)
-                del self.chained[:-64]
 
     def plain_samples(self) -> int:
-        return len(self.plains)
+        return len(self.plains) + len(self.chained)
 
     def cycles(self) -> int:
-        return len(self.samples) + (not self.first)
+        return len(self.samples) + len(self.chained) + (not self.first)
 
     def result(self, accept: dict[str, list[float]] | None = None, visits: dict[str, list[float]] | None = None,
                shift: dict[str, list[float]] | None = None) -> Costs | None:
         import numpy as np
 
         pts = self.samples
-        if len(pts) < 4:
+        if len(pts) + len(self.chained) < 4 or not pts:
             return None
         names = sorted(self.prior.per_token)
-        # the line's intercept is a plain step: measured, else the kept one, else no cycle is faster than it
-        plain = float(np.median(self.plains)) if self.plains else \
-            self.prior.plain if self.known else min(t for *_, t in pts)
+        # the line's intercept is a plain step launched on its own: measured, else the kept one, else a chained
+        # one (it costs less: a weak pull), else no cycle is faster than it
+        plain = float(np.median(self.plains)) if self.plains else self.prior.plain if self.known else \
+            float(np.median(self.chained)) if self.chained else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
         reg = np.sqrt([8.0 if self.known or self.plains else 2.0] + [2.0] * len(names))  # worth this many samples
         px = np.diag(reg)
@@ -259,9 +261,9 @@ class CostFit:
             keep = y <= 2 * np.maximum(x @ coef, 1e-9)
             x, y = x[keep], y[keep]
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
-        # a plain step's own time: that of one in a run of them (the first after a draft is not overlapped; it
-        # is the price of leaving drafting, paid once a run)
-        step = float(np.median(self.chained)) if len(self.chained) >= 3 else self.prior.step if self.known else None
+        # a plain step's own time: that of one in a run of them (the first after a draft is not overlapped: on the
+        # line, the price of leaving drafting); only what this run measured
+        step = float(np.median(self.chained)) if len(self.chained) >= 3 else None
         return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
                      dict(accept or {}), dict(visits or {}), dict(shift or {}), step)
 
@@ -418,7 +420,7 @@ class AutoPolicy:
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
-               chances: Sequence[Sequence[float]] | None = None) -> None:
+               chances: Sequence[Sequence[float]] | None = None, chained: bool = False) -> None:
         """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n by a
         confidence floor, all n before passing, counts as a rejection at position n: the cycle commits n + 1
         tokens either way (and the draft step that was cut was paid for). `chances`: what the source estimated of
@@ -451,7 +453,7 @@ class AutoPolicy:
                     acc[i] += i < a
         k = max(drafted, default=0)
         if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
-            self.fit.add(source, k, seconds)
+            self.fit.add(source, k, seconds, chained)
 
     def estimate(self, member: int = 0) -> float | None:
         s, k = self.last[0], self.scored
