@@ -247,11 +247,13 @@ class CostFit:
             return None
         names = sorted(self.prior.per_token)
         # the line's intercept is a plain step launched on its own: measured, else the kept one, else a chained
-        # one (it costs less: a weak pull), else no cycle is faster than it
+        # one (a tenth cheaper, but a line drawn through a few widths alone leans far either way), else no cycle
+        # is faster than it
         plain = float(np.median(self.plains)) if self.plains else self.prior.plain if self.known else \
             float(np.median(self.chained)) if self.chained else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
-        reg = np.sqrt([8.0 if self.known or self.plains else 2.0] + [2.0] * len(names))  # worth this many samples
+        anchored = self.known or self.plains or self.chained
+        reg = np.sqrt([8.0 if anchored else 2.0] + [2.0] * len(names))  # worth this many samples
         px = np.diag(reg)
         py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names])
         x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
