@@ -268,7 +268,8 @@ def test_a_plain_step_is_charged_its_own_measured_time_not_the_drafting_intercep
     est.step = 0.8
     p = seen(AutoPolicy(["ngram", "model"], 1, est, avail, warm=True))
     assert p.plan([[0]]) == (None, 0) and p.costs.time(None, 0) == 0.8 and p.costs.time("model", 1) == 1.3
-    assert p.floor("model")[1] == pytest.approx(0.3 / 0.8)  # a draft step must beat the plain steps' own rate
+    fresh = AutoPolicy(["ngram", "model"], 1, est, avail, warm=True)  # nothing planned yet: no best rate known
+    assert fresh.floor("model")[1] == pytest.approx(0.3 / 0.8)  # a draft step must beat the plain steps' own rate
     # measured: the median of the chained plain steps; the line (its intercept 1.0) fitted to the drafting cycles and
     # the plain steps launched on their own, which the chained ones (0.8) do not drag down
     fit = CostFit(prior_costs(["model"], {"model": 0.5}, gpu=False))
@@ -289,6 +290,12 @@ def test_a_plain_step_is_charged_its_own_measured_time_not_the_drafting_intercep
         p.update([0], [0], seconds=0.8 if i % 2 else 1.0, chained=bool(i % 2))
         p.update([2], [1], source="model", seconds=1.6)
     assert p.measured().step == pytest.approx(0.8) and p.measured().plain > 0.95
+    only = CostFit(Costs(1.0, {"model": 0.3}), known=True)
+    for _ in range(6):  # a run that never drafted: its plain steps chained after the first
+        only.add(None, 0, 0.8, chained=True)
+    got = only.result()
+    assert got.step == pytest.approx(0.8) and got.plain == 1.0 and got.per_token == {}
+    assert Costs(1.0, {"model": 0.3}).settled(got).step == pytest.approx(0.8)  # kept for the next run
     # kept: through the run log's dict, checked there, merged as the other costs
     assert Costs.from_dict(got.to_dict()).step == pytest.approx(0.8)
     assert Costs.from_dict(Costs(1.0, {}).to_dict()).step is None  # (a table kept before it is still read)

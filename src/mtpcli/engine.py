@@ -116,6 +116,7 @@ class Cycle:
     redone: bool = False
     plan: tuple | None = None  # (source, width) planned at its launch from its contexts; None if planned before
     chances: list | None = None  # what the source estimated of each drafted token (Draft.chances)
+    chained: bool = False  # launched before the previous cycle was read
 
 
 class KeyChains:
@@ -284,7 +285,7 @@ class Engine:
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
                      source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
                      redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before,
-                     plan=None if given else (source, width), chances=draft.chances)
+                     plan=None if given else (source, width), chances=draft.chances, chained=prev is not None)
 
     def _discard(self, c: Cycle) -> None:
         """Undo a launched plain step that was not read: its cache entries and its keys."""
@@ -312,13 +313,12 @@ class Engine:
         for ctx, new in zip(contexts, news):
             ctx.extend(new)
         now = time.perf_counter()
-        chained = c.t0 < self._t_last  # launched before the previous cycle was read
         seconds = now - max(c.t0, self._t_last)  # chained plain steps overlap: count each moment once
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
             self.controller.update(c.lengths, n_acc, seconds=seconds, source=c.planned, requested=c.requested,
-                                   chances=c.chances, chained=chained)
+                                   chances=c.chances, chained=c.chained)
         self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped

@@ -243,8 +243,14 @@ class CostFit:
         import numpy as np
 
         pts = self.samples
-        if len(pts) + len(self.chained) < 4 or not pts:
+        if len(pts) + len(self.chained) < 4:
             return None
+        # a plain step's own time: that of one in a run of them (the first after a draft is not overlapped: on the
+        # line, the price of leaving drafting); only what this run measured
+        step = float(np.median(self.chained)) if len(self.chained) >= 3 else None
+        if not pts:  # nothing but chained plain steps: their own time; the line's intercept as kept, else theirs
+            return Costs(self.prior.plain if self.known else step, {}, dict(accept or {}), dict(visits or {}),
+                         dict(shift or {}), step)
         names = sorted(self.prior.per_token)
         # the line's intercept is a plain step launched on its own: measured, else the kept one, else a chained
         # one (a tenth cheaper, but a line drawn through a few widths alone leans far either way), else no cycle
@@ -263,9 +269,6 @@ class CostFit:
             keep = y <= 2 * np.maximum(x @ coef, 1e-9)
             x, y = x[keep], y[keep]
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
-        # a plain step's own time: that of one in a run of them (the first after a draft is not overlapped: on the
-        # line, the price of leaving drafting); only what this run measured
-        step = float(np.median(self.chained)) if len(self.chained) >= 3 else None
         return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
                      dict(accept or {}), dict(visits or {}), dict(shift or {}), step)
 
