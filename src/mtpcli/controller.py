@@ -45,7 +45,8 @@ class FixedWidth(WidthPolicy):
         return self.n
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None, chained: bool = False) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
+               chained: bool = False) -> None:
         for member, n in enumerate(drafted):
             self.history[member].append(n)
 
@@ -98,7 +99,8 @@ class EmaController(WidthPolicy):
         return max(self.member_width(m) for m in range(self.batch))
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None, chained: bool = False) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
+               chained: bool = False) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             if n <= 0:
@@ -177,7 +179,8 @@ class CostAwareController(WidthPolicy):
         return max(range(self.n_min, self.n_max + 1), key=score)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None, chained: bool = False) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
+               chained: bool = False) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             self.history[member].append(n)
             acc, reached = self.counts[member]

@@ -15,10 +15,11 @@ source fared against their estimates (`shift`; a file being edited repeats its p
 two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per
 token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
-T(s, k) = plain + k * per_token[s]: the line fitted to all cycles, plus the seconds each drafted token of source s
-adds (drafting it and verifying it); T(none, 0) = step: a plain step's own seconds, measured apart (in a run of
-plain steps each is launched before the previous one is read, and it samples one position: on a CPU it costs about
-a tenth less than the intercept, which had charged every plain step as if it were a draft's verification). The
+T(s, k) = plain + k * per_token[s]: the intercept of a line fitted to the cycles (all but chained plain steps),
+plus the seconds each drafted token of source s adds (drafting it and verifying it); T(none, 0) = step: a plain
+step's own seconds, measured apart (in a run of plain steps each is launched before the previous one is read, and
+it samples one position: on a CPU it costs about a tenth less than the intercept, which had charged every plain
+step as if it were a draft's verification). The
 choice uses a fixed `Costs` table for the whole run: the one earlier runs on this machine left (the run log keeps it
 per model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of
 a row's estimates), or the prior from the models' sizes. Meanwhile
@@ -104,9 +105,9 @@ class Costs:
     accept: dict[str, list[float]] = field(default_factory=dict)
     visits: dict[str, list[float]] = field(default_factory=dict)
     shift: dict[str, list[float]] = field(default_factory=dict)  # source -> [log-odds shift of its estimates, tokens]
-    # a plain step's own seconds (median of the plain steps measured): in a run of them each is launched before the
-    # previous one is read, and it verifies and samples one position, so it costs less than the intercept of
-    # drafting cycles (`plain`); None where never measured
+    # a plain step's own seconds (median of the chained plain steps measured): in a run of them each is launched
+    # before the previous one is read, and it verifies and samples one position, so it costs less than the line's
+    # intercept (`plain`); None where never measured
     step: float | None = None
 
     def time(self, source: str | None, k: int) -> float:
