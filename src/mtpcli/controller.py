@@ -199,10 +199,11 @@ class CostAwareController(WidthPolicy):
 def keep_members(controller, members: Sequence[int]) -> None:
     """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
     leave the batch, and their estimates stop counting towards the shared width."""
-    for name in ("estimates", "history", "counts", "points"):
+    for name in ("estimates", "history", "counts", "points", "shadow"):
         if hasattr(controller, name):
             values = getattr(controller, name)
             setattr(controller, name, [values[m] for m in members])
-    if hasattr(controller, "_shifts"):
-        controller._shifts = {}  # cached per member
+    for name in ("_shifts", "_row_shifts"):  # cached per member
+        if hasattr(controller, name):
+            setattr(controller, name, {})
     controller.batch = len(members)

@@ -6,7 +6,9 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
 E comes from per-row, per-source, per-position conditional acceptance estimates (position i counts only in cycles
 whose draft reached it and had not been rejected before it, so a fully accepted draft says nothing about the
 positions it did not reach: censored; a draft that a confidence floor cut short at n after n passed counts as
-rejected at n: it commits n + 1 tokens, as a rejection there would). The counts decay every cycle, so a source
+rejected at n: it commits n + 1 tokens, as a rejection there would), over a prior: the kept acceptance moved by
+the row's log-odds shift of it (`row_shift`: a row whose drafts fail at the first positions expects less at the
+deeper ones too, which it never reached; prose against a table learnt on code). The counts decay every cycle, so a source
 that has not been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
 source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
 N-gram lookup and the history also estimate each token's chance (from the match behind it); such a source is
@@ -15,8 +17,10 @@ source fared against their estimates (`shift`; a file being edited repeats its p
 two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per
 token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
-T(s, k) = plain + k * per_token[s]: the intercept of a line fitted to the cycles (all but chained plain steps),
-plus the seconds each drafted token of source s adds (drafting it and verifying it); T(none, 0) = step: a plain
+T(s, k) = plain + fixed[s] + k * per_token[s]: the intercept of a line fitted to the cycles (all but chained plain
+steps), plus what a cycle of source s costs whatever its width (a draft model's catch-up on the tokens committed
+since it last drafted: a lookup cycle does not pay it), plus the seconds each drafted token of source s adds
+(drafting it and verifying it); T(none, 0) = step: a plain
 step's own seconds, measured apart (in a run of plain steps each is launched before the previous one is read, and
 it samples one position: on a CPU it costs about a tenth less than the intercept, which had charged every plain
 step as if it were a draft's verification). The
@@ -24,7 +28,7 @@ choice uses a fixed `Costs` table for the whole run: the one earlier runs on thi
 per model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of
 a row's estimates), or the prior from the models' sizes. Meanwhile
 `Measured` records this run, to be kept for the next one. A source's expected tokens get an exploration bonus that
-shrinks with the evidence (EXPLORE / (1 + reached)), so a source the table calls poor is still tried now and
+shrinks with the evidence (EXPLORE / (1 + times the row's drafts of it were tested)), so a source the table calls poor is still tried now and
 then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
 cycle's draws (the exact law holds), and the same seed with the same stored table gives the same output.
 
@@ -50,6 +54,7 @@ DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: the prior's spread around the kept shift
+ROW_SD = 1.0  # a row's log-odds shift of the kept acceptance: texts spread this far around it (code 0.9, prose 0.5)
 SHIFT_POINTS = 96  # verified tokens a row keeps per source for that fit
 
 
@@ -109,11 +114,14 @@ class Costs:
     # before the previous one is read, and it verifies and samples one position, so it costs less than the line's
     # intercept (`plain`); None where never measured
     step: float | None = None
+    # what a cycle of the source costs beyond the intercept whatever its width (a draft model's catch-up on the
+    # tokens committed since it last drafted, its host syncs): lookup cycles do not pay the draft model's
+    fixed: dict[str, float] = field(default_factory=dict)
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
             return self.step or self.plain
-        return self.plain + k * self.per_token.get(source, self.plain)
+        return self.plain + self.fixed.get(source, 0.0) + k * self.per_token.get(source, self.plain)
 
     def prior_accept(self, source: str, n: int) -> list[float]:
         """Kept acceptance by position, shrunk towards PRIOR_ACCEPT by how rarely it was seen; past the positions
@@ -127,7 +135,8 @@ class Costs:
         return {"plain": self.plain, "per_token": dict(self.per_token),
                 "accept": {k: list(v) for k, v in self.accept.items()},
                 "visits": {k: list(v) for k, v in self.visits.items()},
-                "shift": {k: list(v) for k, v in self.shift.items()}, **({"step": self.step} if self.step else {})}
+                "shift": {k: list(v) for k, v in self.shift.items()}, **({"step": self.step} if self.step else {}),
+                **({"fixed": dict(self.fixed)} if self.fixed else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
@@ -137,15 +146,16 @@ class Costs:
         visits = {str(k): [float(x) for x in v] for k, v in (d.get("visits") or {}).items()}
         shift = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("shift") or {}).items()}
         step = None if d.get("step") is None else float(d["step"])
+        fixed = {str(k): float(v) for k, v in (d.get("fixed") or {}).items()}
         if step is not None and not (step > 0 and math.isfinite(step)):
             raise ValueError("non-positive or non-finite plain step")
-        if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in per.values())):
+        if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in [*per.values(), *fixed.values()])):
             raise ValueError("non-positive or non-finite cost")
         if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
             raise ValueError("an acceptance outside [0, 1]")
         if not all(math.isfinite(a) and abs(a) <= 6 and math.isfinite(n) and n >= 0 for a, n in shift.values()):
             raise ValueError("a shift outside [-6, 6]")
-        return cls(plain, per, accept, visits, shift, step)
+        return cls(plain, per, accept, visits, shift, step, fixed)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
         """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
@@ -154,7 +164,8 @@ class Costs:
         run's count (at least 0.1) on a position already kept, so the same seed gives the same output next time.
         Else a merge: costs halfway, acceptance weighted by counts (capped at VISITS_CAP, so it keeps moving)."""
         old, new = self.per_token, measured.per_token
-        pairs = [(self.plain, measured.plain)] + [(old[k], new[k]) for k in new if k in old]
+        pairs = [(self.plain, measured.plain)] + [(old[k], new[k]) for k in new if k in old] + \
+            [(self.fixed.get(k, 0.0), v) for k, v in measured.fixed.items()]
         if measured.step:
             pairs.append((self.step or self.plain, measured.step))
         same = (self.step is not None or measured.step is None) and set(new) <= set(old) and \
@@ -189,7 +200,9 @@ class Costs:
                     acc.append(x)
                     vis.append(min(r, VISITS_CAP))
         step = (self.step + measured.step) / 2 if self.step and measured.step else measured.step or self.step
-        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step)
+        fixed = {**self.fixed, **{k: (self.fixed[k] + v) / 2 if k in self.fixed else v
+                                  for k, v in measured.fixed.items()}}
+        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step, fixed)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -204,13 +217,15 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 
 @dataclass
 class CostFit:
-    """Least squares of measured cycle seconds on [1, k * (source == s) ...], ridge-pulled towards a prior (in
+    """Least squares of measured cycle seconds on [1, k * (source == s) ..., (source == s) ...], ridge-pulled
+    towards a prior (in
     seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step). The
     first cycle (compilation, cold caches) is left out. Plain steps are kept apart: one launched after the previous
     cycle was read is a cycle of width 0 on the line, and the median of those anchors its intercept; one launched
     before (chained) overlaps the one before it and is not on the line: the median of those is a plain step's own
     time (`step`). A cycle slower than twice the first fit's line (a source catching up on a long backlog) is left
-    out of the second."""
+    out of the second. A source's fixed part fitted below zero is zero (the rest fitted again): with few widths
+    drafted, how a cycle splits into a fixed part and tokens is the priors' to say, not the sum."""
 
     prior: Costs
     known: bool = False
@@ -260,18 +275,34 @@ class CostFit:
             float(np.median(self.chained)) if self.chained else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
         anchored = self.known or self.plains or self.chained
-        reg = np.sqrt([8.0 if anchored else 2.0] + [2.0] * len(names))  # worth this many samples
+        # columns: the intercept, each source's seconds per drafted token, each source's fixed part of a cycle
+        # worth this many samples (a fixed part's prior, none, hardly: the split between it and the slope is
+        # what the widths measured say)
+        reg = np.sqrt([8.0 if anchored else 2.0] + [2.0] * len(names) + [0.25] * len(names))
         px = np.diag(reg)
-        py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names])
-        x = np.array([[1.0] + [k * (s == n) for n in names] for s, k, _ in pts])
+        py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names] +
+                            [self.prior.fixed.get(n, 0.0) * scale for n in names])
+        x = np.array([[1.0] + [k * (s == n) for n in names] + [float(s == n) for n in names] for s, k, _ in pts])
         y = np.array([t for _, _, t in pts])
+        free = np.ones(x.shape[1], bool)  # a fixed part fitted below zero is fixed at zero, and the rest fitted again
+
+        def solve(x, y):
+            coef = np.zeros(x.shape[1])
+            coef[free], *_ = np.linalg.lstsq(np.vstack([x, px])[:, free], np.concatenate([y, py]), rcond=None)
+            return coef
+
         for _ in range(2):
-            coef, *_ = np.linalg.lstsq(np.vstack([x, px]), np.concatenate([y, py]), rcond=None)
+            coef = solve(x, y)
             keep = y <= 2 * np.maximum(x @ coef, 1e-9)
             x, y = x[keep], y[keep]
+        while (coef[1 + len(names):] < 0).any():
+            free[1 + len(names):] &= coef[1 + len(names):] >= 0
+            coef = solve(x, y)
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
-        return Costs(max(float(coef[0]), 1e-6), {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted},
-                     dict(accept or {}), dict(visits or {}), dict(shift or {}), step)
+        per = {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted}
+        fixed = {n: max(float(c), 0.0) for n, c in zip(names, coef[1 + len(names):]) if n in drafted}
+        return Costs(max(float(coef[0]), 1e-6), per, dict(accept or {}), dict(visits or {}), dict(shift or {}), step,
+                     fixed)
 
 
 class AutoPolicy:
@@ -315,19 +346,42 @@ class AutoPolicy:
             self.points = [{s: [] for s in self.sources} for _ in range(self.batch)]  # (z, y, tick): see shift
             self.seen_points: dict[str, list] = {s: [] for s in self.sources}
             self.tick = 0
+            self.shadow = [{} for _ in range(self.batch)]  # per row: source -> (position, tokens, estimates)
+            self.own_tokens: dict[str, list] = {}
             self._shifts: dict[tuple[str, int], float] = {}
+            self._row_shifts: dict[tuple[str, int], float] = {}
         else:
             self.counts[member] = fresh()
             self.history[member] = []
             self.points[member] = {s: [] for s in self.sources}
+            self.shadow[member] = {}
             self._shifts = {}
+            self._row_shifts = {}
 
     # ---- estimates ------------------------------------------------------------------------------------
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
+        """Per position: this row's passes at it, over a prior worth PRIOR_WEIGHT observations: the kept acceptance
+        moved (in log-odds) by the row's shift of it (`row_shift`), so a row whose drafts fail early expects
+        less at the positions they never reached too; plus an exploration bonus that shrinks with the times the
+        row's drafts of the source were tested at all (its first position reached: with the shift, what is
+        learnt at one position speaks for all)."""
         acc, reached = self.counts[member][source]
-        prior = self.costs.prior_accept(source, self.n_max)
-        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / (1 + r) if explore else 0))
-                for a, r, p in zip(acc, reached, prior)]
+        d = self.row_shift(source, member)
+        prior = [shifted(p, d) for p in self.costs.prior_accept(source, self.n_max)]
+        bonus = EXPLORE / (1 + reached[0]) if explore else 0.0
+        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + bonus) for a, r, p in zip(acc, reached, prior)]
+
+    def row_shift(self, source: str, member: int = 0) -> float:
+        """How far (in log-odds) this row's drafts of `source` pass more often than the kept acceptance says, at
+        the positions they reached (MAP, ROW_SD the spread of texts around the kept table)."""
+        got = self._row_shifts.get((source, member))
+        if got is None:
+            acc, reached = self.counts[member][source]
+            prior = self.costs.prior_accept(source, self.n_max)
+            pts = [pt for a, r, p in zip(acc, reached, prior) if r > 1e-6
+                   for pt in ((_logit(p), 1.0, a), (_logit(p), 0.0, max(r - a, 0.0)))]
+            got = self._row_shifts[(source, member)] = fit_shift(pts, 0.0, ROW_SD) if pts else 0.0
+        return got
 
     def shift(self, source: str, member: int = 0) -> float:
         """How far (in log-odds) this row's tokens of `source` have passed more often than the source estimated
@@ -381,6 +435,7 @@ class AutoPolicy:
             est = [[] if _count(a) else list(a) for a in avail] if avail is not None else [[]] * B
             have = None if avail is None else [int(a) if _count(a) else len(a) for a in avail]
             self.own_estimates[s] = est
+            self.own_tokens[s] = [getattr(a, "tokens", None) for a in avail] if avail is not None else [None] * B
             for k in range(1, widest + 1):
                 caps = [k] * B if have is None else [min(k, a) for a in have]
                 if max(caps) < k and k > 1:
@@ -396,6 +451,7 @@ class AutoPolicy:
 
     # ---- the controller API --------------------------------------------------------------------------
     def plan(self, contexts: list) -> tuple[str | None, int]:
+        self.watch(contexts)
         if not self.warm and 1 <= self.fit.cycles() <= 3 and self.fit.plain_samples() < 3:
             self.last = (None, 0)  # calibration (cold runs only): a plain step's time
             return self.last
@@ -404,7 +460,37 @@ class AutoPolicy:
         self.rate = self.best / len(contexts)  # the best a row expects, without optimism: tokens per second
         self.last = (source, self.widest.get(source, self.n_max) if source in self.stops else k)
         self.scored = k  # (the width it was scored at: what `estimate` reports)
+        for b, pending in enumerate(self.shadow):
+            if k:
+                pending.pop(source, None)  # its drafts are tested for real this cycle
+            for s, tokens in self.own_tokens.items():
+                if tokens[b] and s not in pending and not (k and s == source):
+                    pending[s] = (len(contexts[b]), tokens[b], self.own_estimates[s][b])
         return self.last
+
+    def watch(self, contexts: list) -> None:
+        """A deterministic source that did not draft is calibrated all the same, on the draft it would have made:
+        its tokens against those committed after them (a deterministic draft token passes with the probability
+        the target gives it, p(x), and the committed token is x with probability p(x), at every temperature
+        under the exact law; so the same Bernoulli outcome, and no target pass spent). One pending draft per row
+        and source, decided once a token differs or all are matched; committed tokens only, as every choice."""
+        for b, (context, pending) in enumerate(zip(contexts, self.shadow)):
+            for s, (pos, tokens, est) in list(pending.items()):
+                new = context[pos: pos + len(tokens)]
+                miss = next((i for i, (t, u) in enumerate(zip(tokens, new)) if t != u), None)
+                if miss is None and len(new) < len(tokens):
+                    continue  # not decided yet
+                tested = len(tokens) if miss is None else miss + 1
+                self._learn(s, b, [(_logit(e), float(i != miss)) for i, e in enumerate(est[:tested])])
+                del pending[s]
+
+    def _learn(self, source: str, member: int, new: list[tuple[float, float]]) -> None:
+        """Points (log-odds of the source's estimate, passed) for the row's shift of the source's estimates."""
+        if new:
+            self._shifts.pop((source, member), None)
+        self.points[member][source] = (self.points[member][source] + [(z, y, self.tick) for z, y in new])[
+            -SHIFT_POINTS:]
+        self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
 
     def floor(self, source: str) -> tuple[float, float, list[float]]:
         """(keep, go_on, shift) for a draft of `source` (drafters.autoregress): keep a drawn token while the chance
@@ -433,14 +519,10 @@ class AutoPolicy:
         each drafted token (the points of its shift, for the tokens the target tested)."""
         requested = requested or drafted
         self.tick += 1
+        self._row_shifts = {}  # every count decays each cycle
         if chances is not None and source in self.seen_points:
             for member, (n, a, cs) in enumerate(zip(drafted, accepted, chances)):
-                new = [(_logit(c), float(i < a)) for i, c in enumerate(cs[: min(n, a + 1)])]
-                if new:
-                    self._shifts.pop((source, member), None)
-                self.points[member][source] = (self.points[member][source] + [(z, y, self.tick) for z, y in new])[
-                    -SHIFT_POINTS:]
-                self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
+                self._learn(source, member, [(_logit(c), float(i < a)) for i, c in enumerate(cs[: min(n, a + 1)])])
         for member in range(len(drafted)):
             for acc, reached in self.counts[member].values():
                 for i in range(self.n_max):

@@ -38,6 +38,15 @@ class Draft:
         return self.tokens.shape[1]
 
 
+class Lookahead(list):
+    """What a deterministic source would draft for a row (`available`, before drafting): each token's estimated
+    chance to pass (the list), with the tokens themselves."""
+
+    def __init__(self, estimates: list[float], tokens: list[int]):
+        super().__init__(estimates)
+        self.tokens = list(tokens)
+
+
 def empty(caps: list[int]) -> Draft:
     return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
 

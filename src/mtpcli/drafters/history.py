@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from . import Draft, deterministic
+from . import Draft, Lookahead, deterministic
 
 END, OUT, PAD = -1, -2, -3  # a document's end; where its output begins; before the start of a context
 LONG = 6  # the longer key: candidates that share the context's last 6 tokens, before those that share 2
@@ -229,10 +229,10 @@ class HistoryDrafter:
         self.memo[row] = (len(context), k, version, draft, probs)
         return draft, probs
 
-    def available(self, contexts, k: int) -> list[list[float]]:
+    def available(self, contexts, k: int) -> list[Lookahead]:
         """Each row's draft at width k as the estimated probability of each of its tokens given the ones before
-        (what `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift)."""
-        return [self.look(b, c, k)[1] for b, c in enumerate(contexts)]
+        (what `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift), with its tokens."""
+        return [Lookahead(*self.look(b, c, k)[::-1]) for b, c in enumerate(contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]

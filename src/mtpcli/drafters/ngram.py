@@ -14,7 +14,7 @@ code by ~14%): better an n-gram draft skipped than one verified for nothing.
 
 from __future__ import annotations
 
-from . import Draft, deterministic
+from . import Draft, Lookahead, deterministic
 
 MAX_MATCH = 32  # longest true match measured
 # bench/ngram_calibrate.py (the standard library and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
@@ -81,10 +81,11 @@ class NgramDrafter:
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.rows[row] = Index(self.n_min, self.n_max)
 
-    def available(self, contexts, k: int) -> list[list[float]]:
+    def available(self, contexts, k: int) -> list[Lookahead]:
         """Each row's draft at width k as each token's estimated probability given the ones before it (what
-        `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift); [] where there is no match."""
-        return [ix.look(c, k)[1] for ix, c in zip(self.rows, contexts)]
+        `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift), with its tokens; empty
+        where there is no match."""
+        return [Lookahead(*ix.look(c, k)[::-1]) for ix, c in zip(self.rows, contexts)]
 
     def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
         found = [ix.look(c, k) if k > 0 else ([], []) for ix, c, k in zip(self.rows, contexts, caps)]
