@@ -1,6 +1,8 @@
 """draft = auto: the policy alone (pure), then the engine with two sources on tiny models (greedy identity,
 chi-square exactness at T = 1 and T = 0.7 with top-k/top-p, a negative control), statistics per source."""
 
+import time
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -505,6 +507,30 @@ def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypat
     p1, p2 = target_marginals(target, ids, sp)
     assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
     assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+
+
+def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkeypatch):
+    """Where a launch itself computes (MLX on a CPU), the time between two reads of chained plain steps holds the
+    next step's pass: each step is charged its own launch, so a run of equal steps measures them all equal, the
+    first and the last of a chain included, and the seconds add up to the time spent."""
+    real = mx.async_eval
+
+    def computing(*arrays):  # as the CPU backend does: the pass is done before the launch returns
+        real(*arrays)
+        mx.eval(*arrays)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(engine_mod.mx, "async_eval", computing)
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), max_tokens=8)  # plain steps only
+    seen = []
+    update = eng.controller.update
+    eng.controller.update = lambda *a, **k: seen.append((k["seconds"], k["chained"])) or update(*a, **k)
+    t0 = time.perf_counter()
+    run(eng, list(tiny[0].tokenizer.encode("the sea is ")))
+    assert [c for _, c in seen] == [False] + [True] * 7  # one chain of plain steps
+    secs = [t for t, _ in seen]
+    assert all(0.045 < t < 0.09 for t in secs), secs  # was: the first ~0.1 (two passes), the last ~0
+    assert sum(secs) <= time.perf_counter() - t0
 
 
 class PeekingDrafter(AutoDrafter):

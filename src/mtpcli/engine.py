@@ -117,6 +117,11 @@ class Cycle:
     plan: tuple | None = None  # (source, width) planned at its launch from its contexts; None if planned before
     chances: list | None = None  # what the source estimated of each drafted token (Draft.chances)
     chained: bool = False  # launched before the previous cycle was read
+    # seconds its launch took, and those the launch of the next cycle took while this one was unread: where a
+    # launch itself computes (MLX on a CPU: async_eval returns once most of the pass is done), the time between
+    # two reads holds the next step's pass, not this one's; each cycle is charged its own launch
+    launch_s: float = 0.0
+    lent: float = 0.0
 
 
 class KeyChains:
@@ -180,6 +185,8 @@ class Engine:
                 plan = self._chain(pending) if going else None
                 chain = plan is not None
                 nxt = self._launch(pending, plan) if chain else None
+                if nxt is not None:
+                    pending.lent = nxt.launch_s
                 if pending is not None:
                     yield from self._complete(pending)
                     if nxt is not None and pending.redone:  # nxt started from a token the redo replaced
@@ -285,7 +292,8 @@ class Engine:
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
                      source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
                      redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before,
-                     plan=None if given else (source, width), chances=draft.chances, chained=prev is not None)
+                     plan=None if given else (source, width), chances=draft.chances, chained=prev is not None,
+                     launch_s=time.perf_counter() - t0)
 
     def _discard(self, c: Cycle) -> None:
         """Undo a launched plain step that was not read: its cache entries and its keys."""
@@ -313,7 +321,8 @@ class Engine:
         for ctx, new in zip(contexts, news):
             ctx.extend(new)
         now = time.perf_counter()
-        seconds = now - max(c.t0, self._t_last)  # chained plain steps overlap: count each moment once
+        # chained plain steps overlap: count each moment once, and each launch for the cycle it launched
+        seconds = max(now - max(c.t0, self._t_last) - c.lent + min(c.launch_s, max(self._t_last - c.t0, 0.0)), 0.0)
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
