@@ -117,9 +117,10 @@ class Cycle:
     plan: tuple | None = None  # (source, width) planned at its launch from its contexts; None if planned before
     chances: list | None = None  # what the source estimated of each drafted token (Draft.chances)
     chained: bool = False  # launched before the previous cycle was read
-    # seconds its launch took, and those the launch of the next cycle took while this one was unread: where a
-    # launch itself computes (MLX on a CPU: async_eval returns once most of the pass is done), the time between
-    # two reads holds the next step's pass, not this one's; each cycle is charged its own launch
+    # seconds its launch waited on the device, and those the launch of the next cycle waited while this one was
+    # unread: where a launch itself computes (MLX on a CPU: async_eval returns once most of the pass is done),
+    # the time between two reads holds the next step's pass, not this one's; each cycle is charged its own
+    # (on a GPU async_eval returns at once: nothing is lent)
     launch_s: float = 0.0
     lent: float = 0.0
 
@@ -176,6 +177,8 @@ class Engine:
             part.keep_rows([])
             part.add_rows(n)
         self.controller.batch = n
+        if hasattr(self.controller, "watching"):  # a plain step's token is no test of a draft's under typical
+            self.controller.watching = self.cfg.law != "typical"
         self.controller.reset()
         self.rows = [self._start(b, queue) for b in range(n)]
         pending = None
@@ -186,12 +189,13 @@ class Engine:
                 chain = plan is not None
                 nxt = self._launch(pending, plan) if chain else None
                 if nxt is not None:
-                    pending.lent = nxt.launch_s
+                    pending.lent += nxt.launch_s
                 if pending is not None:
                     yield from self._complete(pending)
                     if nxt is not None and pending.redone:  # nxt started from a token the redo replaced
                         self._discard(nxt)
-                        nxt = self._launch(None, plan)
+                        lost, nxt = nxt.launch_s, self._launch(None, plan)
+                        nxt.lent -= lost  # the pass undone was lent by `pending`: this one is charged it
                     self._refill(queue)
                     self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 pending = nxt if chain else (self._launch(None) if self.rows else None)
@@ -288,12 +292,14 @@ class Engine:
         full = self.target.one_row and not self.drafter.speculates
         v, sums, complete = (self.link.judge if self.link else judge)(cfg, logits, draft.tokens, draft.q, keys,
                                                                       draft.lengths, full)
+        t_eval = time.perf_counter()
         mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]))
+        t_eval = time.perf_counter() - t_eval
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
                      source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
                      redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before,
                      plan=None if given else (source, width), chances=draft.chances, chained=prev is not None,
-                     launch_s=time.perf_counter() - t0)
+                     launch_s=t_eval)
 
     def _discard(self, c: Cycle) -> None:
         """Undo a launched plain step that was not read: its cache entries and its keys."""
@@ -304,6 +310,8 @@ class Engine:
     def _complete(self, c: Cycle) -> Iterator[Event]:
         """ONE host sync, then commit and roll back what the law rejected, and record."""
         if all(r.done for r in c.rows):  # a plain step launched for rows that finished meanwhile: not awaited
+            for r in c.rows:  # (its pass, where the launch ran it, was lent by the step before: the run paid it)
+                r.run.decode_s += min(c.launch_s, max(self._t_last - c.t0, 0.0))
             return
         if c.complete is not None and not c.complete.item():  # rare: a nucleus past the partial selection
             logits, q, keys = c.redo

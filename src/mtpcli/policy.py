@@ -28,7 +28,7 @@ choice uses a fixed `Costs` table for the whole run: the one earlier runs on thi
 per model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of
 a row's estimates), or the prior from the models' sizes. Meanwhile
 `Measured` records this run, to be kept for the next one. A source's expected tokens get an exploration bonus that
-shrinks with the evidence (EXPLORE / (1 + times the row's drafts of it were tested)), so a source the table calls poor is still tried now and
+shrinks with the evidence (EXPLORE / (1 + (reached + the row's tests of the source) / 2)), so a source the table calls poor is still tried now and
 then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
 cycle's draws (the exact law holds), and the same seed with the same stored table gives the same output.
 
@@ -54,7 +54,7 @@ DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: the prior's spread around the kept shift
-ROW_SD = 1.0  # a row's log-odds shift of the kept acceptance: texts spread this far around it (code 0.9, prose 0.5)
+ROW_SD = 0.75  # a row's log-odds shift of the kept acceptance: its prior's spread (a few rejections move it a little)
 SHIFT_POINTS = 96  # verified tokens a row keeps per source for that fit
 
 
@@ -164,8 +164,10 @@ class Costs:
         run's count (at least 0.1) on a position already kept, so the same seed gives the same output next time.
         Else a merge: costs halfway, acceptance weighted by counts (capped at VISITS_CAP, so it keeps moving)."""
         old, new = self.per_token, measured.per_token
-        pairs = [(self.plain, measured.plain)] + [(old[k], new[k]) for k in new if k in old] + \
-            [(self.fixed.get(k, 0.0), v) for k, v in measured.fixed.items()]
+        # a cycle's cost at a narrow and a wide draft (how it splits into a fixed part and tokens is poorly
+        # measured; its sum is not)
+        pairs = [(self.plain, measured.plain)] + [(self.time(k, w), measured.time(k, w)) for k in new if k in old
+                                                  for w in (1, 4)]
         if measured.step:
             pairs.append((self.step or self.plain, measured.step))
         same = (self.step is not None or measured.step is None) and set(new) <= set(old) and \
@@ -202,6 +204,7 @@ class Costs:
         step = (self.step + measured.step) / 2 if self.step and measured.step else measured.step or self.step
         fixed = {**self.fixed, **{k: (self.fixed[k] + v) / 2 if k in self.fixed else v
                                   for k, v in measured.fixed.items()}}
+        per.update({k: new[k] for k in measured.fixed if k not in self.fixed})  # kept before the fixed parts: as measured
         return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step, fixed)
 
 
@@ -347,6 +350,7 @@ class AutoPolicy:
             self.seen_points: dict[str, list] = {s: [] for s in self.sources}
             self.tick = 0
             self.shadow = [{} for _ in range(self.batch)]  # per row: source -> (position, tokens, estimates)
+            self.watching = getattr(self, "watching", True)  # (off under typical acceptance: see watch)
             self.own_tokens: dict[str, list] = {}
             self._shifts: dict[tuple[str, int], float] = {}
             self._row_shifts: dict[tuple[str, int], float] = {}
@@ -363,13 +367,15 @@ class AutoPolicy:
         """Per position: this row's passes at it, over a prior worth PRIOR_WEIGHT observations: the kept acceptance
         moved (in log-odds) by the row's shift of it (`row_shift`), so a row whose drafts fail early expects
         less at the positions they never reached too; plus an exploration bonus that shrinks with the times the
-        row's drafts of the source were tested at all (its first position reached: with the shift, what is
-        learnt at one position speaks for all)."""
+        position was reached and the times the row's drafts were tested at all (half each: an early rejection
+        must not end a good source at once, the first token of an answer is often the hardest; nor must it leave
+        every deeper position as promising as before)."""
         acc, reached = self.counts[member][source]
         d = self.row_shift(source, member)
         prior = [shifted(p, d) for p in self.costs.prior_accept(source, self.n_max)]
-        bonus = EXPLORE / (1 + reached[0]) if explore else 0.0
-        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + bonus) for a, r, p in zip(acc, reached, prior)]
+        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / (1 + (r + reached[0]) / 2)
+                                                                        if explore else 0))
+                for a, r, p in zip(acc, reached, prior)]
 
     def row_shift(self, source: str, member: int = 0) -> float:
         """How far (in log-odds) this row's drafts of `source` pass more often than the kept acceptance says, at
@@ -461,8 +467,8 @@ class AutoPolicy:
         self.last = (source, self.widest.get(source, self.n_max) if source in self.stops else k)
         self.scored = k  # (the width it was scored at: what `estimate` reports)
         for b, pending in enumerate(self.shadow):
-            if k:
-                pending.pop(source, None)  # its drafts are tested for real this cycle
+            if k and source in pending:  # its drafts are tested for real from here: what was committed is learnt
+                self._decide(source, b, contexts[b], *pending.pop(source), final=True)
             for s, tokens in self.own_tokens.items():
                 if tokens[b] and s not in pending and not (k and s == source):
                     pending[s] = (len(contexts[b]), tokens[b], self.own_estimates[s][b])
@@ -472,17 +478,28 @@ class AutoPolicy:
         """A deterministic source that did not draft is calibrated all the same, on the draft it would have made:
         its tokens against those committed after them (a deterministic draft token passes with the probability
         the target gives it, p(x), and the committed token is x with probability p(x), at every temperature
-        under the exact law; so the same Bernoulli outcome, and no target pass spent). One pending draft per row
-        and source, decided once a token differs or all are matched; committed tokens only, as every choice."""
+        under the exact law; so the same Bernoulli outcome, and no target pass spent; not under typical
+        acceptance, where a token passes on a threshold: `watching` off). One pending draft per row and source,
+        decided once a token differs or all are matched, or learnt as far as committed when the source drafts;
+        committed tokens only, as every choice."""
+        if not self.watching:
+            return
         for b, (context, pending) in enumerate(zip(contexts, self.shadow)):
-            for s, (pos, tokens, est) in list(pending.items()):
-                new = context[pos: pos + len(tokens)]
-                miss = next((i for i, (t, u) in enumerate(zip(tokens, new)) if t != u), None)
-                if miss is None and len(new) < len(tokens):
-                    continue  # not decided yet
-                tested = len(tokens) if miss is None else miss + 1
-                self._learn(s, b, [(_logit(e), float(i != miss)) for i, e in enumerate(est[:tested])])
-                del pending[s]
+            for s, draft in list(pending.items()):
+                if self._decide(s, b, context, *draft):
+                    del pending[s]
+
+    def _decide(self, source: str, member: int, context: list, pos: int, tokens: list, est: list,
+                final: bool = False) -> bool:
+        """Learn a pending draft's outcome once decided (a token differs, or all are matched); `final`: learn what
+        the committed tokens decided so far (the matched ones pass; the rest untested, as past a full accept)."""
+        new = context[pos: pos + len(tokens)]
+        miss = next((i for i, (t, u) in enumerate(zip(tokens, new)) if t != u), None)
+        if miss is None and len(new) < len(tokens) and not final:
+            return False
+        tested = (len(new) if miss is None else miss + 1) if self.watching else 0
+        self._learn(source, member, [(_logit(e), float(i != miss)) for i, e in enumerate(est[:tested])])
+        return True
 
     def _learn(self, source: str, member: int, new: list[tuple[float, float]]) -> None:
         """Points (log-odds of the source's estimate, passed) for the row's shift of the source's estimates."""
