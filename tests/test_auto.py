@@ -295,6 +295,29 @@ def test_a_lookup_not_chosen_is_calibrated_on_the_draft_it_would_have_made():
     assert set(chosen) == {None} and bad.shift("ngram") < 0  # never drafted, and it would not have passed
 
 
+def test_a_shadow_draft_is_learnt_as_far_as_committed_when_its_source_drafts_and_follows_rows():
+    from mtpcli.drafters import Lookahead
+
+    look = lambda s, c, k: [Lookahead([0.2] * 4, [1, 1, 1, 1]) for _ in c] if s == "ngram" else [0] * len(c)  # noqa
+    p = AutoPolicy(["ngram", "model"], 4, Costs(1.0, {"ngram": 0.05, "model": 0.3}, step=0.5), look, warm=True,
+                   batch=2)
+    assert p.plan([[0], [0]]) == (None, 0)  # a weak guess: plain; both rows' lookups wait to be decided
+    p.update([0, 0], [0, 0], source=None)
+    p.shadow[1] = {}  # row 1: nothing pending
+    p.scores = lambda contexts: {("ngram", 4): 9.0, (None, 0): 1.0}  # the next plan drafts with lookup
+    p.plan([[0, 1], [0, 5]])
+    assert [y for _, y, _ in p.points[0]["ngram"]] == [1.0]  # the committed token it matched: a pass, not dropped
+    assert p.points[1]["ngram"] == [] and p.shadow[0] == {}
+    del p.scores
+    p.plan([[0, 1, 2], [0, 5, 6]])
+    p.shadow[0]["ngram"] = (9, [7], [0.5])
+    keep_members(p, [0])  # row 1 leaves the batch: the pending drafts follow their rows
+    assert p.shadow == [{"ngram": (9, [7], [0.5])}]
+    p.watching = False  # typical acceptance: a plain step's token is no test of a draft's
+    p.plan([[0, 1, 2, 3, 4, 5, 6, 7, 8, 6]])
+    assert len(p.points[0]["ngram"]) == 1 and p.shadow == [{"ngram": (9, [7], [0.5])}]
+
+
 def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change():
     kept = Costs(1.0, {"model": 0.3}, {"model": [0.7, 0.7, 0.7]}, {"model": [200.0, 150.0, 100.0]})
     noisy = Costs(1.0, {"model": 0.3}, {"model": [0.8, 0.55, 0.9]}, {"model": [20.0, 12.0, 5.0]})
@@ -531,6 +554,7 @@ def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkey
     secs = [t for t, _ in seen]
     assert all(0.045 < t < 0.09 for t in secs), secs  # was: the first ~0.1 (two passes), the last ~0
     assert sum(secs) <= time.perf_counter() - t0
+    assert sum(secs) == pytest.approx(eng.stats.decode_s, rel=1e-6) and sum(secs) > 8 * 0.05  # nothing lost
 
 
 class PeekingDrafter(AutoDrafter):
