@@ -313,9 +313,17 @@ def test_a_shadow_draft_is_learnt_as_far_as_committed_when_its_source_drafts_and
     p.shadow[0]["ngram"] = (9, [7], [0.5])
     keep_members(p, [0])  # row 1 leaves the batch: the pending drafts follow their rows
     assert p.shadow == [{"ngram": (9, [7], [0.5])}]
+    row = [0, 1, 2]
+    p.plan([row])
+    p.shadow[0] = {"ngram": (3, [7, 8], [0.5, 0.5])}
+    row += [7]  # the row commits one matching token, then ends (max_tokens): a new prompt starts in its place
+    before = len(p.seen_points["ngram"])
+    p.reset(0)
+    assert p.seen_points["ngram"][before:] == [(0.0, 1.0)] and p.shadow == [{}]  # learnt as far as it committed
+    p.shadow[0]["ngram"] = (9, [7], [0.5])
     p.watching = False  # typical acceptance: a plain step's token is no test of a draft's
     p.plan([[0, 1, 2, 3, 4, 5, 6, 7, 8, 6]])
-    assert len(p.points[0]["ngram"]) == 1 and p.shadow == [{"ngram": (9, [7], [0.5])}]
+    assert p.points[0]["ngram"] == [] and p.shadow == [{"ngram": (9, [7], [0.5])}]
 
 
 def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change():

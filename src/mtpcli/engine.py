@@ -123,6 +123,7 @@ class Cycle:
     # (on a GPU async_eval returns at once: nothing is lent)
     launch_s: float = 0.0
     lent: float = 0.0
+    timed: bool = True  # its seconds are its own pass (not a relaunch charged the pass a redo undid): fitted
 
 
 class KeyChains:
@@ -196,6 +197,7 @@ class Engine:
                         self._discard(nxt)
                         lost, nxt = nxt.launch_s, self._launch(None, plan)
                         nxt.lent -= lost  # the pass undone was lent by `pending`: this one is charged it
+                        nxt.timed = False  # (so its seconds are two passes: not a plain step's cost)
                     self._refill(queue)
                     self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 pending = nxt if chain else (self._launch(None) if self.rows else None)
@@ -334,8 +336,8 @@ class Engine:
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
-            self.controller.update(c.lengths, n_acc, seconds=seconds, source=c.planned, requested=c.requested,
-                                   chances=c.chances, chained=c.chained)
+            self.controller.update(c.lengths, n_acc, seconds=seconds if c.timed else None, source=c.planned,
+                                   requested=c.requested, chances=c.chances, chained=c.chained)
         self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped

@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
 PRIOR_WEIGHT = 3.0  # ... worth this many observations (two early rejections must not end a good source)
-EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + times it was reached)
+EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + (times it was reached + the row's tests) / 2)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
 VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations against a new run's
@@ -352,11 +352,15 @@ class AutoPolicy:
             self.shadow = [{} for _ in range(self.batch)]  # per row: source -> (position, tokens, estimates)
             self.watching = getattr(self, "watching", True)  # (off under typical acceptance: see watch)
             self.own_tokens: dict[str, list] = {}
+            self.contexts: list = []  # the rows' contexts at the last plan (the lists themselves: they grow)
             self._shifts: dict[tuple[str, int], float] = {}
             self._row_shifts: dict[tuple[str, int], float] = {}
         else:
             self.counts[member] = fresh()
             self.history[member] = []
+            if member < len(self.contexts):  # the row that ends: its pending drafts, as far as it committed
+                for s, draft in self.shadow[member].items():
+                    self._decide(s, member, self.contexts[member], *draft, final=True)
             self.points[member] = {s: [] for s in self.sources}
             self.shadow[member] = {}
             self._shifts = {}
@@ -457,6 +461,7 @@ class AutoPolicy:
 
     # ---- the controller API --------------------------------------------------------------------------
     def plan(self, contexts: list) -> tuple[str | None, int]:
+        self.contexts = list(contexts)
         self.watch(contexts)
         if not self.warm and 1 <= self.fit.cycles() <= 3 and self.fit.plain_samples() < 3:
             self.last = (None, 0)  # calibration (cold runs only): a plain step's time
