@@ -6,31 +6,30 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
 E comes from per-row, per-source, per-position conditional acceptance estimates (position i counts only in cycles
 whose draft reached it and had not been rejected before it, so a fully accepted draft says nothing about the
 positions it did not reach: censored; a draft that a confidence floor cut short at n after n passed counts as
-rejected at n: it commits n + 1 tokens, as a rejection there would), over a prior: the kept acceptance moved by
-the row's log-odds shift of it (`row_shift`: a row whose drafts fail at the first positions expects less at the
-deeper ones too, which it never reached; prose against a table learnt on code). The counts decay every cycle, so a source
-that has not been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A deterministic
-source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets only those.
-N-gram lookup and the history also estimate each token's chance (from the match behind it); such a source is
-expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's drafted tokens of the
-source fared against their estimates (`shift`; a file being edited repeats its prompt far more surely than a
-two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per
-token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
+rejected at n: it commits n + 1 tokens, as a rejection there would), over a prior: the kept acceptance moved by the
+row's log-odds shift of it (`row_shift`: a row whose drafts fail at the first positions expects less at the deeper
+ones too, which it never reached; prose against a table learnt on code). The counts decay every cycle, so a source
+that has not been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A
+deterministic source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets
+only those. N-gram lookup and the history also estimate each token's chance (from the match behind it); such a
+source is expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's drafted tokens
+of the source fared against their estimates (`shift`; a file being edited repeats its prompt far more surely than a
+two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per token
+(drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
 T(s, k) = plain + fixed[s] + k * per_token[s]: the intercept of a line fitted to the cycles (all but chained plain
 steps), plus what a cycle of source s costs whatever its width (a draft model's catch-up on the tokens committed
 since it last drafted: a lookup cycle does not pay it), plus the seconds each drafted token of source s adds
-(drafting it and verifying it); T(none, 0) = step: a plain
-step's own seconds, measured apart (in a run of plain steps each is launched before the previous one is read, and
-it samples one position: on a CPU it costs about a tenth less than the intercept, which had charged every plain
-step as if it were a draft's verification). The
-choice uses a fixed `Costs` table for the whole run: the one earlier runs on this machine left (the run log keeps it
-per model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of
-a row's estimates), or the prior from the models' sizes. Meanwhile
-`Measured` records this run, to be kept for the next one. A source's expected tokens get an exploration bonus that
-shrinks with the evidence (EXPLORE / (1 + (reached + the row's tests of the source) / 2)), so a source the table calls poor is still tried now and
-then. So the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this
-cycle's draws (the exact law holds), and the same seed with the same stored table gives the same output.
+(drafting it and verifying it); T(none, 0) = step: a plain step's own seconds, measured apart (in a run of plain
+steps each is launched before the previous one is read: on a GPU that hides the host's work, on a CPU, where a
+launch computes its pass, little). Each cycle is charged the pass it launched (engine.Cycle.launch_s). The choice
+uses a fixed `Costs` table for the whole run: the one earlier runs on this machine left (the run log keeps it per
+model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of a
+row's estimates), or the prior from the models' sizes. Meanwhile `Measured` records this run, to be kept for the
+next one. A source's expected tokens get an exploration bonus that shrinks with the evidence (EXPLORE / (1 +
+(reached + the row's tests of the source) / 2)), so a source the table calls poor is still tried now and then. So
+the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this cycle's draws
+(the exact law holds), and the same seed with the same stored table gives the same output.
 
 Within a cycle, a source that drafts autoregressively stops where the next token is not worth its cost: one more
 token brings (chance that it and every draft before it pass) tokens for per_token[s] seconds, worth it while that is
@@ -149,7 +148,8 @@ class Costs:
         fixed = {str(k): float(v) for k, v in (d.get("fixed") or {}).items()}
         if step is not None and not (step > 0 and math.isfinite(step)):
             raise ValueError("non-positive or non-finite plain step")
-        if not (plain > 0 and math.isfinite(plain) and all(v >= 0 and math.isfinite(v) for v in [*per.values(), *fixed.values()])):
+        if not (plain > 0 and math.isfinite(plain) and
+                all(v >= 0 and math.isfinite(v) for v in [*per.values(), *fixed.values()])):
             raise ValueError("non-positive or non-finite cost")
         if not all(0.0 <= x <= 1.0 for v in accept.values() for x in v):
             raise ValueError("an acceptance outside [0, 1]")
@@ -204,7 +204,7 @@ class Costs:
         step = (self.step + measured.step) / 2 if self.step and measured.step else measured.step or self.step
         fixed = {**self.fixed, **{k: (self.fixed[k] + v) / 2 if k in self.fixed else v
                                   for k, v in measured.fixed.items()}}
-        per.update({k: new[k] for k in measured.fixed if k not in self.fixed})  # kept before the fixed parts: as measured
+        per.update({k: new[k] for k in measured.fixed if k not in self.fixed})  # kept before fixed parts: measured
         return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step, fixed)
 
 
@@ -471,10 +471,11 @@ class AutoPolicy:
         self.rate = self.best / len(contexts)  # the best a row expects, without optimism: tokens per second
         self.last = (source, self.widest.get(source, self.n_max) if source in self.stops else k)
         self.scored = k  # (the width it was scored at: what `estimate` reports)
+        shadows = self.own_tokens if self.watching else {}  # (none under typical acceptance: see watch)
         for b, pending in enumerate(self.shadow):
             if k and source in pending:  # its drafts are tested for real from here: what was committed is learnt
                 self._decide(source, b, contexts[b], *pending.pop(source), final=True)
-            for s, tokens in self.own_tokens.items():
+            for s, tokens in shadows.items():
                 if tokens[b] and s not in pending and not (k and s == source):
                     pending[s] = (len(contexts[b]), tokens[b], self.own_estimates[s][b])
         return self.last
@@ -502,7 +503,7 @@ class AutoPolicy:
         miss = next((i for i, (t, u) in enumerate(zip(tokens, new)) if t != u), None)
         if miss is None and len(new) < len(tokens) and not final:
             return False
-        tested = (len(new) if miss is None else miss + 1) if self.watching else 0
+        tested = len(new) if miss is None else miss + 1
         self._learn(source, member, [(_logit(e), float(i != miss)) for i, e in enumerate(est[:tested])])
         return True
 
