@@ -199,7 +199,7 @@ class CostAwareController(WidthPolicy):
 def keep_members(controller, members: Sequence[int]) -> None:
     """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
     leave the batch, and their estimates stop counting towards the shared width."""
-    for name in ("estimates", "history", "counts", "points", "shadow", "contexts"):
+    for name in ("estimates", "history", "counts", "points", "shadow", "contexts", "offs", "conf"):
         if hasattr(controller, name):
             values = getattr(controller, name)
             setattr(controller, name, [values[m] for m in members])

@@ -124,6 +124,7 @@ class Cycle:
     launch_s: float = 0.0
     lent: float = 0.0
     timed: bool = True  # its seconds are its own pass (not a relaunch charged the pass a redo undid): fitted
+    conf: mx.array | None = None  # (B, k+1) the target's largest probability at temperature 1 (controller.observe)
 
 
 class KeyChains:
@@ -294,14 +295,19 @@ class Engine:
         full = self.target.one_row and not self.drafter.speculates
         v, sums, complete = (self.link.judge if self.link else judge)(cfg, logits, draft.tokens, draft.q, keys,
                                                                       draft.lengths, full)
+        conf = None
+        if hasattr(self.controller, "observe") and not self.link:  # (how sure the target is: a policy's evidence)
+            top = logits.astype(mx.float32)
+            conf = mx.exp(top.max(axis=-1) - mx.logsumexp(top, axis=-1))
         t_eval = time.perf_counter()
-        mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]))
+        mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]),
+                      *([] if conf is None else [conf]))
         t_eval = time.perf_counter() - t_eval
         return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
                      source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
                      redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before,
                      plan=None if given else (source, width), chances=draft.chances, chained=prev is not None,
-                     launch_s=t_eval)
+                     launch_s=t_eval, conf=conf)
 
     def _discard(self, c: Cycle) -> None:
         """Undo a launched plain step that was not read: its cache entries and its keys."""
@@ -336,6 +342,8 @@ class Engine:
         self._t_last = now
         if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
+            if c.conf is not None:  # at the committed tokens only (this cycle's too: where its drafts were tested)
+                self.controller.observe([cs[: n + 1] for cs, n in zip(c.conf.tolist(), n_acc)])
             self.controller.update(c.lengths, n_acc, seconds=seconds if c.timed else None, source=c.planned,
                                    requested=c.requested, chances=c.chances, chained=c.chained)
         self.cycles += any(not r.done for r in c.rows)

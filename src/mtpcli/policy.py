@@ -3,13 +3,18 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
 
     score(s, k) = sum over rows of E_b[tokens | s, k]  /  T(s, k)        (width 0 = a plain step, E = 1 per row)
 
-E comes from per-row, per-source, per-position conditional acceptance estimates (position i counts only in cycles
-whose draft reached it and had not been rejected before it, so a fully accepted draft says nothing about the
-positions it did not reach: censored; a draft that a confidence floor cut short at n after n passed counts as
-rejected at n: it commits n + 1 tokens, as a rejection there would), over a prior: the kept acceptance moved by the
-row's log-odds shift of it (`row_shift`: a row whose drafts fail at the first positions expects less at the deeper
-ones too, which it never reached; prose against a table learnt on code). The counts decay every cycle, so a source
-that has not been tried for a while drifts back to its prior and is tried again (exploration at a bounded cost). A
+E comes from per-row, per-source, per-position conditional acceptance estimates: the kept acceptance by position
+(learnt over runs) moved by the row's log-odds shift of it (`row_shift`), which is the sum of two parts. First, how
+sure the target has been of the row's recent tokens against how sure it was where the kept acceptance was measured
+(`offset`, `observe`: a draft model that imitates the target agrees with it about as often as the target is sure,
+so prose, which the target is unsure of, expects less of the draft model than the code the table was learnt on,
+before a draft is paid for). Second, how the row's drafts fared against that (a MAP fit to its outcomes: position
+i counts only in cycles whose draft reached it and had not been rejected before it, so a fully accepted draft says
+nothing about the positions it did not reach: censored; a draft that a confidence floor cut short at n after n
+passed counts as rejected at n: it commits n + 1 tokens, as a rejection there would); a row whose drafts fail at
+the first positions expects less at the deeper ones too, which it never reached. The counts decay every cycle, so
+a source that has not been tried for a while drifts back to its prior and is tried again (exploration at a
+bounded cost). A
 deterministic source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets
 only those. N-gram lookup and the history also estimate each token's chance (from the match behind it); such a
 source is expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's drafted tokens
@@ -47,7 +52,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
-PRIOR_WEIGHT = 3.0  # ... worth this many observations (two early rejections must not end a good source)
 EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + (times it was reached + the row's tests) / 2)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
 WINDOW = 256  # cycle-time samples kept for the fit
@@ -55,6 +59,9 @@ VISITS_CAP = 200.0  # a kept acceptance weighs at most this many observations ag
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: the prior's spread around the kept shift
 ROW_SD = 0.75  # a row's log-odds shift of the kept acceptance: its prior's spread (a few rejections move it a little)
 SHIFT_POINTS = 96  # verified tokens a row keeps per source for that fit
+CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by this at every later token (~10 tokens)
+CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
+CONF_CAP = 1.5  # the most (in log-odds) a row's confidence moves the kept acceptance
 
 
 EDGE = 1e-4  # estimates are taken within [EDGE, 1 - EDGE]: a certain one would leave no room for a shift
@@ -116,6 +123,9 @@ class Costs:
     # what a cycle of the source costs beyond the intercept whatever its width (a draft model's catch-up on the
     # tokens committed since it last drafted, its host syncs): lookup cycles do not pay the draft model's
     fixed: dict[str, float] = field(default_factory=dict)
+    # source -> [the target's mean confidence (its largest probability) at the tokens where the source's acceptance
+    # was measured, tokens]: a row whose text the target is less sure of expects the source to pass less often
+    conf: dict[str, list[float]] = field(default_factory=dict)
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
@@ -135,7 +145,8 @@ class Costs:
                 "accept": {k: list(v) for k, v in self.accept.items()},
                 "visits": {k: list(v) for k, v in self.visits.items()},
                 "shift": {k: list(v) for k, v in self.shift.items()}, **({"step": self.step} if self.step else {}),
-                **({"fixed": dict(self.fixed)} if self.fixed else {})}
+                **({"fixed": dict(self.fixed)} if self.fixed else {}),
+                **({"conf": {k: list(v) for k, v in self.conf.items()}} if self.conf else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
@@ -146,6 +157,7 @@ class Costs:
         shift = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("shift") or {}).items()}
         step = None if d.get("step") is None else float(d["step"])
         fixed = {str(k): float(v) for k, v in (d.get("fixed") or {}).items()}
+        conf = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("conf") or {}).items()}
         if step is not None and not (step > 0 and math.isfinite(step)):
             raise ValueError("non-positive or non-finite plain step")
         if not (plain > 0 and math.isfinite(plain) and
@@ -155,7 +167,9 @@ class Costs:
             raise ValueError("an acceptance outside [0, 1]")
         if not all(math.isfinite(a) and abs(a) <= 6 and math.isfinite(n) and n >= 0 for a, n in shift.values()):
             raise ValueError("a shift outside [-6, 6]")
-        return cls(plain, per, accept, visits, shift, step, fixed)
+        if not all(0.0 < c < 1.0 and math.isfinite(n) and n >= 0 for c, n in conf.values()):
+            raise ValueError("a confidence outside (0, 1)")
+        return cls(plain, per, accept, visits, shift, step, fixed, conf)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
         """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
@@ -181,12 +195,19 @@ class Costs:
         for k, (d, n) in measured.shift.items():  # a shift within 0.5 (or two standard errors) of the kept one
             if k not in self.shift or abs(self.shift[k][0] - d) > max(0.5, 4 / math.sqrt(max(n, 1.0))):
                 same = False
+        for k, (c, n) in measured.conf.items():  # a confidence within 0.05 of the kept one
+            if k not in self.conf or abs(self.conf[k][0] - c) > 0.05:
+                same = False
         if same:
             return self
         shift = {k: list(v) for k, v in self.shift.items()}
         for k, (d, n) in measured.shift.items():
             was, m = shift.get(k, [0.0, 0.0])
             shift[k] = [(was * m + d * n) / (m + n), min(m + n, VISITS_CAP)] if m + n else [d, n]
+        conf = {k: list(v) for k, v in self.conf.items()}
+        for k, (c, n) in measured.conf.items():
+            was, m = conf.get(k, [c, 0.0])
+            conf[k] = [(was * m + c * n) / (m + n), min(m + n, VISITS_CAP)] if m + n else [c, n]
         per = {**old, **{k: (old[k] + v) / 2 if k in old else v for k, v in new.items()}}
         accept = {k: list(v) for k, v in self.accept.items()}
         visits = {k: list(self.visits.get(k, [])) + [30.0] * (len(v) - len(self.visits.get(k, [])))
@@ -205,7 +226,7 @@ class Costs:
         fixed = {**self.fixed, **{k: (self.fixed[k] + v) / 2 if k in self.fixed else v
                                   for k, v in measured.fixed.items()}}
         per.update({k: new[k] for k in measured.fixed if k not in self.fixed})  # kept before fixed parts: measured
-        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step, fixed)
+        return Costs((self.plain + measured.plain) / 2, per, accept, visits, shift, step, fixed, conf)
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -338,8 +359,12 @@ class AutoPolicy:
 
     def reset(self, member: int | None = None) -> None:
         fresh = lambda: {s: ([0.0] * self.n_max, [0.0] * self.n_max) for s in self.sources}  # noqa: E731
+        offs = lambda: {s: [0.0] * self.n_max for s in self.sources}  # noqa: E731
         if member is None:
             self.counts = [fresh() for _ in range(self.batch)]
+            self.offs = [offs() for _ in range(self.batch)]  # per row and source: the offset at each test (see offset)
+            self.conf = [[0.0, 0.0] for _ in range(self.batch)]  # per row: the target's confidence, decayed sum, weight
+            self.seen_conf = {s: [0.0, 0.0] for s in self.sources}  # per source: the offsets' sum, tests
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
             self.scored = 0
@@ -357,6 +382,8 @@ class AutoPolicy:
             self._row_shifts: dict[tuple[str, int], float] = {}
         else:
             self.counts[member] = fresh()
+            self.offs[member] = offs()
+            self.conf[member] = [0.0, 0.0]
             self.history[member] = []
             if member < len(self.contexts):  # the row that ends: its pending drafts, as far as it committed
                 for s, draft in self.shadow[member].items():
@@ -368,30 +395,49 @@ class AutoPolicy:
 
     # ---- estimates ------------------------------------------------------------------------------------
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
-        """Per position: this row's passes at it, over a prior worth PRIOR_WEIGHT observations: the kept acceptance
-        moved (in log-odds) by the row's shift of it (`row_shift`), so a row whose drafts fail early expects
-        less at the positions they never reached too; plus an exploration bonus that shrinks with the times the
-        position was reached and the times the row's drafts were tested at all (half each: an early rejection
-        must not end a good source at once, the first token of an answer is often the hardest; nor must it leave
-        every deeper position as promising as before)."""
-        acc, reached = self.counts[member][source]
+        """Per position: the kept acceptance moved (in log-odds) by the row's shift of it (`row_shift`: how sure
+        the target is of the row's text, and how the row's drafts fared against that), so a row whose drafts fail
+        early expects less at the positions they never reached too, and one position's failures where the target
+        was unsure do not hold it back where the target is sure (the shape over positions is the kept table's,
+        learnt over many runs; a row's few outcomes move only its level); plus an exploration bonus that shrinks
+        with the times the position was reached and the times the row's drafts were tested at all (half each: an
+        early rejection must not end a good source at once, the first token of an answer is often the hardest;
+        nor must it leave every deeper position as promising as before)."""
+        reached = self.counts[member][source][1]
         d = self.row_shift(source, member)
-        prior = [shifted(p, d) for p in self.costs.prior_accept(source, self.n_max)]
-        return [min(1.0, (a + p * PRIOR_WEIGHT) / (r + PRIOR_WEIGHT) + (EXPLORE / (1 + (r + reached[0]) / 2)
-                                                                        if explore else 0))
-                for a, r, p in zip(acc, reached, prior)]
+        prior = self.costs.prior_accept(source, self.n_max)
+        return [min(1.0, shifted(p, d) + (EXPLORE / (1 + (r + reached[0]) / 2) if explore else 0))
+                for r, p in zip(reached, prior)]
 
     def row_shift(self, source: str, member: int = 0) -> float:
-        """How far (in log-odds) this row's drafts of `source` pass more often than the kept acceptance says, at
-        the positions they reached (MAP, ROW_SD the spread of texts around the kept table)."""
+        """How far (in log-odds) this row's drafts of `source` pass more often than the kept acceptance says: the
+        row's confidence offset now (`offset`), plus how far its drafts passed more often than the kept acceptance
+        moved by the offset at each test said, at the positions they reached (MAP, ROW_SD the spread of texts
+        around the kept table)."""
         got = self._row_shifts.get((source, member))
         if got is None:
             acc, reached = self.counts[member][source]
             prior = self.costs.prior_accept(source, self.n_max)
-            pts = [pt for a, r, p in zip(acc, reached, prior) if r > 1e-6
-                   for pt in ((_logit(p), 1.0, a), (_logit(p), 0.0, max(r - a, 0.0)))]
-            got = self._row_shifts[(source, member)] = fit_shift(pts, 0.0, ROW_SD) if pts else 0.0
+            pts = [pt for a, r, p, o in zip(acc, reached, prior, self.offs[member][source]) if r > 1e-6
+                   for pt in ((_logit(p) + o / r, 1.0, a), (_logit(p) + o / r, 0.0, max(r - a, 0.0)))]
+            got = fit_shift(pts, 0.0, ROW_SD) if pts else 0.0
+            got = self._row_shifts[(source, member)] = got + self.offset(source, member)
         return got
+
+    def offset(self, source: str, member: int = 0) -> float:
+        """How far (in log-odds, within CONF_CAP) the target's confidence in this row's recent tokens (`observe`)
+        is from its confidence where the source's kept acceptance was measured: a draft source that imitates
+        the target agrees with it about as often as the target is sure (measured on the real pair: the 0.5B
+        draft's greedy agreement and the 1.5B target's mean largest probability, per text, 0.53 / 0.64 on prose,
+        0.85 / 0.84 on SQL, 1.0 / 0.98 on agent JSON: docs/perf/auto.md), so a row whose text the target is less
+        sure of expects fewer of its drafts to pass, before it pays for them. 0 where nothing is kept (a first
+        run) and a source that estimates its own tokens is calibrated on its own (`shift`)."""
+        kept = self.costs.conf.get(source)
+        if kept is None:
+            return 0.0
+        total, weight = self.conf[member]
+        c = (total + CONF_PRIOR * kept[0]) / (weight + CONF_PRIOR)
+        return max(-CONF_CAP, min(CONF_CAP, _logit(c) - _logit(kept[0])))
 
     def shift(self, source: str, member: int = 0) -> float:
         """How far (in log-odds) this row's tokens of `source` have passed more often than the source estimated
@@ -430,7 +476,10 @@ class AutoPolicy:
                 accept[s], visits[s] = [a for a, _ in known], [r for _, r in known]
         shift = {s: [fit_shift([(z, y, 1.0) for z, y in pts], 0.0, 3.0), float(len(pts))]
                  for s, pts in self.seen_points.items() if len(pts) >= 8}
-        return self.fit.result(accept, visits, shift)
+        costs = self.fit.result(accept, visits, shift)
+        if costs is not None:
+            costs.conf = {s: [c / n, n] for s, (c, n) in self.seen_conf.items() if s in accept and n >= 4}
+        return costs
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
         """Expected tokens per second of every plan (the exploration bonus included); `best`: the best of them
@@ -547,24 +596,41 @@ class AutoPolicy:
             for member, (n, a, cs) in enumerate(zip(drafted, accepted, chances)):
                 self._learn(source, member, [(_logit(c), float(i < a)) for i, c in enumerate(cs[: min(n, a + 1)])])
         for member in range(len(drafted)):
-            for acc, reached in self.counts[member].values():
+            for (acc, reached), offs in zip(self.counts[member].values(), self.offs[member].values()):
                 for i in range(self.n_max):
                     acc[i] *= DECAY
                     reached[i] *= DECAY
+                    offs[i] *= DECAY
         for member, (n, a, r) in enumerate(zip(drafted, accepted, requested)):
             self.history[member].append(n)
-            if source is not None and a == n < min(r, self.n_max) and source in self.seen:
-                for acc, reached in (self.counts[member][source], self.seen[source]):
-                    reached[n] += 1  # cut short at n after n passed: n + 1 tokens, as a rejection at n gives
-            if source is None or n == 0:
+            if source not in self.seen:
                 continue
-            for acc, reached in (self.counts[member][source], self.seen[source]):
-                for i in range(min(n, a + 1, self.n_max)):  # positions past the first rejection were not tested
+            o = self.offset(source, member)  # (with this cycle's tokens: how sure the target was where it tested)
+            conf = self.conf[member]
+            mean = conf[0] / conf[1] if conf[1] else None
+            tested = list(range(min(n, a + 1, self.n_max)))  # positions past the first rejection were not tested
+            if a == n < min(r, self.n_max):
+                tested.append(n)  # cut short at n after n passed: n + 1 tokens, as a rejection at n gives
+            for i in tested:
+                for acc, reached in (self.counts[member][source], self.seen[source]):
                     reached[i] += 1
                     acc[i] += i < a
+                self.offs[member][source][i] += o
+                if mean is not None:
+                    self.seen_conf[source][0] += mean
+                    self.seen_conf[source][1] += 1
         k = max(drafted, default=0)
         if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
             self.fit.add(source, k, seconds, chained)
+
+    def observe(self, confidences: Sequence[Sequence[float]]) -> None:
+        """The target's confidence (its largest probability, at temperature 1) at each token a row committed this
+        cycle, in order: a function of the committed tokens alone, so choosing by it keeps the exact law."""
+        for conf, cs in zip(self.conf, confidences):
+            for c in cs:
+                conf[0] = conf[0] * CONF_DECAY + c
+                conf[1] = conf[1] * CONF_DECAY + 1.0
+        self._row_shifts = {}
 
     def estimate(self, member: int = 0) -> float | None:
         s, k = self.last[0], self.scored
