@@ -311,15 +311,25 @@ def test_drafts_that_failed_where_the_target_was_unsure_do_not_hold_the_model_ba
 
 
 def test_the_confidence_is_kept_merged_and_validated():
-    p = policy(Costs(1.0, {"ngram": 0.05, "model": 0.3}, step=1.0), batch=1)
+    p = AutoPolicy(["ngram", "model"], 6, Costs(1.0, {"ngram": 0.05, "model": 0.3}, step=1.0), stops=["model"])
     for _ in range(8):
         p.observe([[0.6, 0.8]])
         p.update([3], [1], seconds=1.6, source="model")
+        p.update([2], [2], seconds=1.1, source="ngram")
         p.update([0], [0], seconds=1.0)
     got = p.measured()
     assert got.conf["model"][0] == pytest.approx(0.7, abs=0.02) and got.conf["model"][1] >= 4
+    assert "ngram" in got.accept and "ngram" not in got.conf  # (lookup is expected what it estimates: never read)
     back = Costs.from_dict(got.to_dict())
     assert back.conf == got.conf
+    sure = AutoPolicy(["model"], 6, Costs(1.0, {"model": 0.3}, step=1.0), stops=["model"])
+    for _ in range(8):  # a text the target is certain of (float32 gives exactly 1.0)
+        sure.observe([[1.0, 1.0]])
+        sure.update([3], [3], seconds=1.6, source="model")
+    assert Costs.from_dict(sure.measured().to_dict()).conf["model"][0] < 1.0  # kept, and loads again
+    older = Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [100.0]})  # kept before confidences were
+    gained = older.settled(Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]}, conf={"model": [0.8, 9.0]}))
+    assert gained.conf == {"model": [0.8, 9.0]} and gained.accept == older.accept and gained.visits == older.visits
     kept = Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [100.0]}, conf={"model": [0.9, 100.0]})
     assert kept.settled(Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]},
                               conf={"model": [0.91, 4.0]})) is kept  # within 0.05: kept as it is
@@ -640,18 +650,34 @@ class PeekingDrafter(AutoDrafter):
         return Draft(tokens, q, lengths, lengths)
 
 
-def test_the_policy_sees_the_targets_confidence_at_committed_tokens_only(tiny):
+NONE_PAYS = Costs(1.0, {"ngram": 3.0, "model": 3.0}, step=1.0)  # plain steps, chained for one row
+
+
+@pytest.mark.parametrize("sp,costs,rows", [(SamplingParams(), BOTH, 1), (SamplingParams(temp=1.0, top_p=0.9), BOTH, 2),
+                                           (SamplingParams(), NONE_PAYS, 1)], ids=["greedy", "top-p-batch", "chained"])
+def test_the_policy_sees_the_targets_confidence_at_committed_tokens_only(tiny, monkeypatch, sp, costs, rows):
+    monkeypatch.setattr(sampling, "CANDIDATES", 6)  # some nuclei lie past the partial selection: judged again
     target, _ = tiny
-    ids = list(target.tokenizer.encode("abcabcabcabc"))
-    for sp in (SamplingParams(), SamplingParams(temp=1.0, top_p=0.9)):
-        eng = auto_engine(tiny, BOTH, sp, max_tokens=40)
-        seen, observe = [], eng.controller.observe
-        eng.controller.observe = lambda cs: seen.extend(cs[0]) or observe(cs)
-        out = run(eng, ids)[0]
+    prompts = [list(target.tokenizer.encode(p)) for p in ("abcabcabcabc", "the sea is ")[:rows]]
+    eng = auto_engine(tiny, costs, sp, batch_size=rows, max_tokens=40)
+    seen, observe = {i: [] for i in range(rows)}, eng.controller.observe
+
+    def spy(confs):  # per member: the engine's rows, before a refill or a row leaving
+        for b, cs in enumerate(confs):
+            seen[eng.rows[b].req.index].extend(cs)
+        observe(confs)
+    eng.controller.observe = spy
+    outs = [[] for _ in range(rows)]
+    for ev in eng.generate([Request(i, ids, 40, 0) for i, ids in enumerate(prompts)]):
+        outs[ev.request].extend(ev.tokens)
+    if costs is BOTH:
         assert eng.stats.drafted > 10 and eng.stats.acceptance_rate < 1.0  # drafts were rejected: positions after
-        logits = target.model(mx.array([ids + out]))[0, len(ids) - 1: -1].astype(mx.float32)
+    else:
+        assert eng.stats.drafted == 0 and eng.stats.cycles == 40
+    for i, ids in enumerate(prompts):
+        logits = target.model(mx.array([ids + outs[i]]))[0, len(ids) - 1: -1].astype(mx.float32)
         want = np.array(mx.exp(logits.max(-1) - mx.logsumexp(logits, -1)))  # at each committed token
-        assert np.allclose(seen, want, atol=1e-4)
+        assert len(seen[i]) == len(want) and np.allclose(seen[i], want, atol=1e-4)
 
 
 CONF = Costs(1.0, {"ngram": 0.02, "model": 0.25}, {"model": [0.7] * 4}, {"model": [100.0] * 4},

@@ -296,7 +296,7 @@ class Engine:
         v, sums, complete = (self.link.judge if self.link else judge)(cfg, logits, draft.tokens, draft.q, keys,
                                                                       draft.lengths, full)
         conf = None
-        if hasattr(self.controller, "observe") and not self.link:  # (how sure the target is: a policy's evidence)
+        if self.drafter.speculates and hasattr(self.controller, "observe") and not self.link:  # a policy's evidence
             top = logits.astype(mx.float32)
             conf = mx.exp(top.max(axis=-1) - mx.logsumexp(top, axis=-1))
         t_eval = time.perf_counter()
@@ -340,12 +340,12 @@ class Engine:
         # chained plain steps overlap: count each moment once, and each launch for the cycle it launched
         seconds = max(now - max(c.t0, self._t_last) - c.lent + min(c.launch_s, max(self._t_last - c.t0, 0.0)), 0.0)
         self._t_last = now
-        if self.drafter.speculates:  # (then c.rows are the batch's rows: cycles are not chained)
+        if self.drafter.speculates:  # (c.rows are the batch's rows: cycles are chained for one row only)
             self.drafter.commit(contexts, n_acc, self.target.hidden)
-            if c.conf is not None:  # at the committed tokens only (this cycle's too: where its drafts were tested)
-                self.controller.observe([cs[: n + 1] for cs, n in zip(c.conf.tolist(), n_acc)])
             self.controller.update(c.lengths, n_acc, seconds=seconds if c.timed else None, source=c.planned,
                                    requested=c.requested, chances=c.chances, chained=c.chained)
+            if c.conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
+                self.controller.observe([cs[: n + 1] for cs, n in zip(c.conf.tolist(), n_acc)])
         self.cycles += any(not r.done for r in c.rows)
         for b, r in enumerate(c.rows):
             if not r.done:  # a row that finished while this plain step was in flight: its step is dropped

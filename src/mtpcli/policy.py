@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
@@ -167,8 +167,8 @@ class Costs:
             raise ValueError("an acceptance outside [0, 1]")
         if not all(math.isfinite(a) and abs(a) <= 6 and math.isfinite(n) and n >= 0 for a, n in shift.values()):
             raise ValueError("a shift outside [-6, 6]")
-        if not all(0.0 < c < 1.0 and math.isfinite(n) and n >= 0 for c, n in conf.values()):
-            raise ValueError("a confidence outside (0, 1)")
+        if not all(0.0 < c <= 1.0 and math.isfinite(n) and n >= 0 for c, n in conf.values()):
+            raise ValueError("a confidence outside (0, 1]")
         return cls(plain, per, accept, visits, shift, step, fixed, conf)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
@@ -195,11 +195,12 @@ class Costs:
         for k, (d, n) in measured.shift.items():  # a shift within 0.5 (or two standard errors) of the kept one
             if k not in self.shift or abs(self.shift[k][0] - d) > max(0.5, 4 / math.sqrt(max(n, 1.0))):
                 same = False
-        for k, (c, n) in measured.conf.items():  # a confidence within 0.05 of the kept one
-            if k not in self.conf or abs(self.conf[k][0] - c) > 0.05:
+        for k, (c, n) in measured.conf.items():  # a confidence within 0.05 (or two standard errors) of the kept one
+            if k in self.conf and abs(self.conf[k][0] - c) > max(0.05, 0.5 / math.sqrt(max(n, 1.0))):
                 same = False
-        if same:
-            return self
+        if same:  # (a table kept before confidences were: gains them, and nothing else moves)
+            new_conf = {k: list(v) for k, v in measured.conf.items() if k not in self.conf}
+            return replace(self, conf={**self.conf, **new_conf}) if new_conf else self
         shift = {k: list(v) for k, v in self.shift.items()}
         for k, (d, n) in measured.shift.items():
             was, m = shift.get(k, [0.0, 0.0])
@@ -364,7 +365,7 @@ class AutoPolicy:
             self.counts = [fresh() for _ in range(self.batch)]
             self.offs = [offs() for _ in range(self.batch)]  # per row and source: the offset at each test (see offset)
             self.conf = [[0.0, 0.0] for _ in range(self.batch)]  # per row: the target's confidence, decayed sum, weight
-            self.seen_conf = {s: [0.0, 0.0] for s in self.sources}  # per source: the offsets' sum, tests
+            self.seen_conf = {s: [0.0, 0.0] for s in self.sources}  # per source: the rows' confidences summed, tests
             self.history = [[] for _ in range(self.batch)]
             self.last: tuple[str | None, int] = (None, 0)
             self.scored = 0
@@ -478,7 +479,9 @@ class AutoPolicy:
                  for s, pts in self.seen_points.items() if len(pts) >= 8}
         costs = self.fit.result(accept, visits, shift)
         if costs is not None:
-            costs.conf = {s: [c / n, n] for s, (c, n) in self.seen_conf.items() if s in accept and n >= 4}
+            # (the sources scored by their kept acceptance: those that estimate their own tokens never read it)
+            costs.conf = {s: [min(c / n, 1.0 - EDGE), n] for s, (c, n) in self.seen_conf.items()
+                          if s in accept and s in self.stops and n >= 4}
         return costs
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
@@ -605,7 +608,7 @@ class AutoPolicy:
             self.history[member].append(n)
             if source not in self.seen:
                 continue
-            o = self.offset(source, member)  # (with this cycle's tokens: how sure the target was where it tested)
+            o = self.offset(source, member)  # (before this cycle's tokens are observed: what it was planned on)
             conf = self.conf[member]
             mean = conf[0] / conf[1] if conf[1] else None
             tested = list(range(min(n, a + 1, self.n_max)))  # positions past the first rejection were not tested

@@ -1,0 +1,134 @@
+"""A trace-driven simulation of `draft = auto` at T = 0, for tuning the policy without running the models each time.
+
+`record`: for each prompt, the target's greedy continuation (--max-tokens), then one pass of each model over prompt
++ continuation: per generated position, whether the draft's argmax agrees with the target's (at T = 0 a draft of k
+tokens from position t passes exactly as far as these agree: its tokens are the true ones until the first
+disagreement), the target's largest probability (what `AutoPolicy.observe` sees) and the draft's (what its
+confidence floor reads). `simulate`: the real AutoPolicy, the real n-gram lookup and the draft model's floor run on
+those records, each cycle charged a fixed cost model (plain step, fixed part and per-token seconds per source, as
+measured on this CPU: docs/perf/auto.md) against a kept table as a warm run finds it; prints each prompt's tokens per
+second against plain steps and its cycles. Knobs of the policy module can be set for a run (--set NAME=VALUE).
+Tune on prompts that are not reported (bench/auto_tune/); the simulation ignores how a draft after a disagreement
+would go on (only where it stops costs anything) and T > 0.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/auto_sim.py record TARGET DRAFT OUT.json FILES...
+    python bench/auto_sim.py simulate OUT.json [--tokens 40] [--set ROW_SD=1.0 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+STEP, PLAIN, FIXED, PER_TOKEN = 0.30, 0.26, {"model": 0.17, "ngram": 0.12}, {"model": 0.15, "ngram": 0.03}
+KEPT = {"plain": PLAIN, "step": STEP, "per_token": PER_TOKEN, "fixed": FIXED,
+        "accept": {"model": [0.95, 0.93, 0.9, 0.88, 0.87, 0.86, 0.85, 0.85], "ngram": [0.8] * 4},
+        "visits": {"model": [100.0] * 8, "ngram": [50.0] * 4}, "shift": {"ngram": [0.5, 50.0], "model": [1.0, 50.0]},
+        "conf": {"model": [0.9, 100.0], "ngram": [0.95, 50.0]}}
+
+
+def record(args) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mtpcli import models
+    from mtpcli.generate import encode_prompt
+
+    target, draft = models.load(args.target, "target model"), models.load(args.draft, "draft model")
+    out = {}
+    for f in args.files:
+        ids = encode_prompt(target.tokenizer, open(f).read(), None, None)
+        seq, cache = list(ids), make_prompt_cache(target.model)
+        logits = target.model(mx.array([seq]), cache=cache)[:, -1]
+        for _ in range(args.max_tokens):
+            seq.append(int(mx.argmax(logits, -1).item()))
+            logits = target.model(mx.array([seq[-1:]]), cache=cache)[:, -1]
+        x = mx.array([seq[:-1]])
+        lt, ld = (m.model(x)[0, len(ids) - 1:].astype(mx.float32) for m in (target, draft))
+        top = lambda lg: mx.exp(lg.max(-1) - mx.logsumexp(lg, -1)).tolist()  # noqa: E731
+        out[f] = {"ids": ids, "gen": seq[len(ids):], "agree": (mx.argmax(lt, -1) == mx.argmax(ld, -1)).tolist(),
+                  "conf": top(lt), "qmax": top(ld)}
+        print(f, sum(out[f]["agree"]) / len(out[f]["agree"]), flush=True)
+    json.dump(out, open(args.out, "w"))
+
+
+def simulate(args) -> None:
+    from mtpcli import policy
+    from mtpcli.drafters import passes
+    from mtpcli.drafters.ngram import NgramDrafter
+    from mtpcli.policy import AutoPolicy, Costs, shifted
+
+    for kv in args.set:
+        name, value = kv.split("=")
+        setattr(policy, name, type(getattr(policy, name))(json.loads(value)))
+    data = json.load(open(args.records))
+    cost = lambda s, k: STEP if s is None or not k else PLAIN + FIXED[s] + PER_TOKEN[s] * k  # noqa: E731
+    ratios = []
+    for name, r in data.items():
+        ids, gen, agree, conf, qmax = r["ids"], r["gen"], r["agree"], r["conf"], r["qmax"]
+        lookup = NgramDrafter(2, 4)  # (the default profile's ngram_min, ngram_max)
+        lookup.add_rows(1)
+        lookup.start(0, ids)
+        pol = AutoPolicy(["ngram", "model"], 8, Costs.from_dict(KEPT),
+                         lambda s, c, k: lookup.available(c, k) if s == "ngram" else None, warm=True, stops=["model"])
+        t, seconds, trace = 0, 0.0, []
+        while t < min(args.tokens, len(gen) - 1):
+            context = ids + gen[:t]
+            source, k = pol.plan([context])
+            k = min(k, len(gen) - t - 1)
+            chances = None
+            n = a = 0
+            if source == "model" and k > 0:  # the floor as drafters.autoregress applies it
+                keep, go_on, shift = pol.floor("model")
+                chance, n, chances = 1.0, k, []
+                for j in range(k):
+                    raw = passes(qmax[t + j], True)
+                    chance *= shifted(raw, shift[0])
+                    if chance < keep:
+                        n = j
+                        break
+                    chances.append(raw)
+                    if chance < go_on:
+                        n = j + 1
+                        break
+                while a < n and agree[t + a]:
+                    a += 1
+            elif source == "ngram" and k > 0:
+                look = lookup.available([context], k)[0]
+                tokens = look.tokens[:k]
+                n, chances = len(tokens), list(look)[: len(tokens)]
+                while a < n and tokens[a] == gen[t + a]:
+                    a += 1
+            sec = cost(source, n)
+            seconds += sec
+            trace.append(f"{(source or 'plain')[0] if n else 'p'}{n}:{a + 1}")
+            pol.observe([conf[t: t + a + 1]])
+            pol.update([n], [a], seconds=sec, source=source if k > 0 else None, requested=[k if source else 0],
+                       chances=None if chances is None else [chances], chained=source is None)
+            t += a + 1
+            lookup.commit([ids + gen[:t]], [a], None)
+        ratios.append(t / seconds * STEP)
+        print(f"{name.split('/')[-1]:24s} {ratios[-1]:.2f}x plain  {' '.join(trace)}")
+    print(f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x plain")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record")
+    rec.add_argument("target")
+    rec.add_argument("draft")
+    rec.add_argument("out")
+    rec.add_argument("files", nargs="+")
+    rec.add_argument("--max-tokens", type=int, default=80)
+    sim = sub.add_parser("simulate")
+    sim.add_argument("records")
+    sim.add_argument("--tokens", type=int, default=40)
+    sim.add_argument("--set", nargs="*", default=[])
+    args = ap.parse_args()
+    (record if args.cmd == "record" else simulate)(args)
+
+
+if __name__ == "__main__":
+    main()
