@@ -25,7 +25,7 @@ STEP, PLAIN, FIXED, PER_TOKEN = 0.30, 0.26, {"model": 0.17, "ngram": 0.12}, {"mo
 KEPT = {"plain": PLAIN, "step": STEP, "per_token": PER_TOKEN, "fixed": FIXED,
         "accept": {"model": [0.95, 0.93, 0.9, 0.88, 0.87, 0.86, 0.85, 0.85], "ngram": [0.8] * 4},
         "visits": {"model": [100.0] * 8, "ngram": [50.0] * 4}, "shift": {"ngram": [0.5, 50.0], "model": [1.0, 50.0]},
-        "conf": {"model": [0.9, 100.0], "ngram": [0.95, 50.0]}}
+        "conf": {"model": [0.9, 100.0]}}
 
 
 def record(args) -> None:

@@ -15,7 +15,7 @@ from mtpcli.drafters.auto import AutoDrafter
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
-from mtpcli.policy import DECAY, AutoPolicy, CostFit, Costs, fit_shift, prior_costs, shifted
+from mtpcli.policy import DECAY, VISITS_CAP, AutoPolicy, CostFit, Costs, fit_shift, prior_costs, shifted
 from mtpcli.sampling import SamplingParams
 from stattools import fits
 from test_engine import N, PROMPTS, target_marginals
@@ -330,11 +330,27 @@ def test_the_confidence_is_kept_merged_and_validated():
     older = Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [100.0]})  # kept before confidences were
     gained = older.settled(Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]}, conf={"model": [0.8, 9.0]}))
     assert gained.conf == {"model": [0.8, 9.0]} and gained.accept == older.accept and gained.visits == older.visits
+    capped = older.settled(Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]}, conf={"model": [0.8, 1e4]}))
+    assert capped.conf["model"][1] == VISITS_CAP
+
+
+def test_a_cycle_is_learnt_at_the_confidence_it_was_planned_with():
+    kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, {"model": [0.8] * 6}, {"model": [200.0] * 6}, step=1.0,
+                 conf={"model": [0.9, 200.0]})
+    p = AutoPolicy(["ngram", "model"], 6, kept, stops=["model"])
+    p.observe([[0.5] * 12])
+    low = p.offset("model")
+    p.update([4], [0], source="model")  # planned and judged while the target was unsure
+    p.observe([[0.99] * 12])  # the tokens it committed (and later ones) are sure
+    assert low < -1.0 and p.offs[0]["model"][0] == pytest.approx(low) and p.offset("model") > low + 1.0
+    assert p.seen_conf["model"] == [pytest.approx(p.seen_conf["model"][0]), 1.0]  # one cycle, one measurement
     kept = Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [100.0]}, conf={"model": [0.9, 100.0]})
-    assert kept.settled(Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]},
-                              conf={"model": [0.91, 4.0]})) is kept  # within 0.05: kept as it is
-    moved = kept.settled(Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]}, conf={"model": [0.5, 100.0]}))
-    assert moved.conf["model"] == pytest.approx([0.7, 200.0])
+    run = lambda c, n: Costs(1.0, {"model": 0.3}, {"model": [0.5]}, {"model": [4.0]}, conf={"model": [c, n]})  # noqa
+    assert kept.settled(run(0.8, 4.0)) is kept  # within two standard errors of 4 cycles: kept as it is
+    moved = kept.settled(run(0.8, 400.0))  # not of 400
+    assert moved.conf["model"] == pytest.approx([(0.9 * 100 + 0.8 * 400) / 500, 200.0])
+    other = kept.settled(Costs(1.0, {"model": 0.3}, {"model": [0.1]}, {"model": [50.0]}))  # none measured: kept
+    assert other is not kept and other.conf == kept.conf
     with pytest.raises(ValueError):
         Costs.from_dict({**kept.to_dict(), "conf": {"model": [1.5, 3.0]}})
 
@@ -667,13 +683,18 @@ def test_the_policy_sees_the_targets_confidence_at_committed_tokens_only(tiny, m
             seen[eng.rows[b].req.index].extend(cs)
         observe(confs)
     eng.controller.observe = spy
+    calls, update = [], eng.controller.update
+    eng.controller.update = lambda *a, **k: calls.append("update") or update(*a, **k)
+    observe_spied = eng.controller.observe
+    eng.controller.observe = lambda confs: calls.append("observe") or observe_spied(confs)
     outs = [[] for _ in range(rows)]
     for ev in eng.generate([Request(i, ids, 40, 0) for i, ids in enumerate(prompts)]):
         outs[ev.request].extend(ev.tokens)
     if costs is BOTH:
         assert eng.stats.drafted > 10 and eng.stats.acceptance_rate < 1.0  # drafts were rejected: positions after
     else:
-        assert eng.stats.drafted == 0 and eng.stats.cycles == 40
+        assert eng.stats.drafted == 0 and eng.stats.cycles == 40 and len(eng.controller.fit.chained) > 20
+    assert calls == ["update", "observe"] * (len(calls) // 2)  # each cycle learnt at what it was planned with
     for i, ids in enumerate(prompts):
         logits = target.model(mx.array([ids + outs[i]]))[0, len(ids) - 1: -1].astype(mx.float32)
         want = np.array(mx.exp(logits.max(-1) - mx.logsumexp(logits, -1)))  # at each committed token

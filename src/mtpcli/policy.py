@@ -13,9 +13,9 @@ i counts only in cycles whose draft reached it and had not been rejected before 
 nothing about the positions it did not reach: censored; a draft that a confidence floor cut short at n after n
 passed counts as rejected at n: it commits n + 1 tokens, as a rejection there would); a row whose drafts fail at
 the first positions expects less at the deeper ones too, which it never reached. The counts decay every cycle, so
-a source that has not been tried for a while drifts back to its prior and is tried again (exploration at a
-bounded cost). A
-deterministic source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets
+a source that has not been tried for a while drifts back to the kept acceptance moved by the row's offset and is
+tried again (exploration at a bounded cost). The kept table holds each source's acceptance by position and the
+confidence it was measured at. A deterministic source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets
 only those. N-gram lookup and the history also estimate each token's chance (from the match behind it); such a
 source is expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's drafted tokens
 of the source fared against their estimates (`shift`; a file being edited repeats its prompt far more surely than a
@@ -123,8 +123,10 @@ class Costs:
     # what a cycle of the source costs beyond the intercept whatever its width (a draft model's catch-up on the
     # tokens committed since it last drafted, its host syncs): lookup cycles do not pay the draft model's
     fixed: dict[str, float] = field(default_factory=dict)
-    # source -> [the target's mean confidence (its largest probability) at the tokens where the source's acceptance
-    # was measured, tokens]: a row whose text the target is less sure of expects the source to pass less often
+    # source -> [how sure the target was where the source's acceptance was measured (a row's decayed mean of its
+    # largest probability when a cycle of the source was planned, averaged over those cycles), cycles]: kept for the
+    # sources scored by their kept acceptance (a draft model, MTP heads); a row whose text the target is less sure
+    # of expects the source to pass less often
     conf: dict[str, list[float]] = field(default_factory=dict)
 
     def time(self, source: str | None, k: int) -> float:
@@ -175,8 +177,10 @@ class Costs:
         """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
         positions it reached at least 4 times). This table while every measured figure agrees with it: a cost
         within `tolerance` (of at least a tenth of a plain step), an acceptance within two standard errors of this
-        run's count (at least 0.1) on a position already kept, so the same seed gives the same output next time.
-        Else a merge: costs halfway, acceptance weighted by counts (capped at VISITS_CAP, so it keeps moving)."""
+        run's count (at least 0.1) on a position already kept, a confidence within two standard errors (at least
+        0.05), so the same seed gives the same output next time (a table kept before confidences were gains this
+        run's and keeps the rest). Else a merge: costs halfway, acceptance and confidence weighted by counts
+        (capped at VISITS_CAP, so they keep moving)."""
         old, new = self.per_token, measured.per_token
         # a cycle's cost at a narrow and a wide draft (how it splits into a fixed part and tokens is poorly
         # measured; its sum is not)
@@ -199,7 +203,7 @@ class Costs:
             if k in self.conf and abs(self.conf[k][0] - c) > max(0.05, 0.5 / math.sqrt(max(n, 1.0))):
                 same = False
         if same:  # (a table kept before confidences were: gains them, and nothing else moves)
-            new_conf = {k: list(v) for k, v in measured.conf.items() if k not in self.conf}
+            new_conf = {k: [c, min(n, VISITS_CAP)] for k, (c, n) in measured.conf.items() if k not in self.conf}
             return replace(self, conf={**self.conf, **new_conf}) if new_conf else self
         shift = {k: list(v) for k, v in self.shift.items()}
         for k, (d, n) in measured.shift.items():
@@ -398,8 +402,8 @@ class AutoPolicy:
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
         """Per position: the kept acceptance moved (in log-odds) by the row's shift of it (`row_shift`: how sure
         the target is of the row's text, and how the row's drafts fared against that), so a row whose drafts fail
-        early expects less at the positions they never reached too, and one position's failures where the target
-        was unsure do not hold it back where the target is sure (the shape over positions is the kept table's,
+        early expects less at the positions they never reached too, and failures at moments the target was unsure
+        do not hold it back once the target is sure (the shape over positions is the kept table's,
         learnt over many runs; a row's few outcomes move only its level); plus an exploration bonus that shrinks
         with the times the position was reached and the times the row's drafts were tested at all (half each: an
         early rejection must not end a good source at once, the first token of an answer is often the hardest;
@@ -428,11 +432,11 @@ class AutoPolicy:
     def offset(self, source: str, member: int = 0) -> float:
         """How far (in log-odds, within CONF_CAP) the target's confidence in this row's recent tokens (`observe`)
         is from its confidence where the source's kept acceptance was measured: a draft source that imitates
-        the target agrees with it about as often as the target is sure (measured on the real pair: the 0.5B
-        draft's greedy agreement and the 1.5B target's mean largest probability, per text, 0.53 / 0.64 on prose,
-        0.85 / 0.84 on SQL, 1.0 / 0.98 on agent JSON: docs/perf/auto.md), so a row whose text the target is less
-        sure of expects fewer of its drafts to pass, before it pays for them. 0 where nothing is kept (a first
-        run) and a source that estimates its own tokens is calibrated on its own (`shift`)."""
+        the target agrees with it about as often as the target is sure (the 0.5B draft's greedy agreement and the
+        1.5B target's mean largest probability, per text: docs/perf/auto.md, bench/confidence_signal.py), so a row
+        whose text the target is less sure of expects fewer of its drafts to pass, before it pays for them. 0
+        where no confidence is kept for the source (a first run; a source that estimates its own tokens, whose
+        confidence is not kept: `measured`, calibrated on its own by `shift`)."""
         kept = self.costs.conf.get(source)
         if kept is None:
             return 0.0
@@ -469,7 +473,7 @@ class AutoPolicy:
         return total
 
     def measured(self) -> Costs | None:
-        """This run's cycle costs and acceptance by position (positions reached at least 4 times)."""
+        """This run's cycle costs, acceptance by position (positions reached at least 4 times) and confidence."""
         accept, visits = {}, {}
         for s, (acc, reached) in self.seen.items():
             known = [(a / r, r) for a, r in zip(acc, reached) if r >= 4]
@@ -480,7 +484,7 @@ class AutoPolicy:
         costs = self.fit.result(accept, visits, shift)
         if costs is not None:
             # (the sources scored by their kept acceptance: those that estimate their own tokens never read it)
-            costs.conf = {s: [min(c / n, 1.0 - EDGE), n] for s, (c, n) in self.seen_conf.items()
+            costs.conf = {s: [min(c / n, 1.0 - EDGE), min(n, VISITS_CAP)] for s, (c, n) in self.seen_conf.items()
                           if s in accept and s in self.stops and n >= 4}
         return costs
 
@@ -619,16 +623,17 @@ class AutoPolicy:
                     reached[i] += 1
                     acc[i] += i < a
                 self.offs[member][source][i] += o
-                if mean is not None:
-                    self.seen_conf[source][0] += mean
-                    self.seen_conf[source][1] += 1
+            if mean is not None and tested:  # once per row and cycle (a deep draft is no more evidence of it)
+                self.seen_conf[source][0] += mean
+                self.seen_conf[source][1] += 1
         k = max(drafted, default=0)
         if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
             self.fit.add(source, k, seconds, chained)
 
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this
-        cycle, in order: a function of the committed tokens alone, so choosing by it keeps the exact law."""
+        cycle, in order: a function of the committed tokens alone, so choosing by it keeps the exact law. Called
+        after `update` (which records the offset the cycle was planned with)."""
         for conf, cs in zip(self.conf, confidences):
             for c in cs:
                 conf[0] = conf[0] * CONF_DECAY + c
