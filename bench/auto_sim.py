@@ -103,9 +103,10 @@ def simulate(args) -> None:
             sec = cost(source, n)
             seconds += sec
             trace.append(f"{(source or 'plain')[0] if n else 'p'}{n}:{a + 1}")
-            pol.observe([conf[t: t + a + 1]])
             pol.update([n], [a], seconds=sec, source=source if k > 0 else None, requested=[k if source else 0],
                        chances=None if chances is None else [chances], chained=source is None)
+            if hasattr(pol, "observe"):  # after update, as the engine (a policy from before it has none)
+                pol.observe([conf[t: t + a + 1]])
             t += a + 1
             lookup.commit([ids + gen[:t]], [a], None)
         ratios.append(t / seconds * STEP)
