@@ -13,6 +13,7 @@ would go on (only where it stops costs anything) and T > 0.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/auto_sim.py record TARGET DRAFT OUT.json FILES...
     python bench/auto_sim.py simulate OUT.json [--tokens 40] [--set ROW_SD=1.0 ...]
+    python bench/auto_sim.py fit OUT.json        (how well the policy's confidence figure predicts agreement)
 """
 
 from __future__ import annotations
@@ -114,6 +115,36 @@ def simulate(args) -> None:
     print(f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x plain")
 
 
+def fit(args) -> None:
+    """How well the row's decayed mean confidence before a position (the policy's figure: CONF_DECAY, CONF_PRIOR
+    tokens of a kept 0.91) predicts the draft's agreement there: a logistic fit on its log-odds offset, against a
+    constant; log-loss per position and the fitted slope, per decay."""
+    import numpy as np
+
+    from mtpcli.policy import CONF_PRIOR, _logit
+
+    data = json.load(open(args.records))
+    for decay in (0.8, 0.9, 0.95, 0.99, 1.0):
+        x, y = [], []
+        for r in data.values():
+            total = weight = 0.0
+            for agree, conf in zip(r["agree"], r["conf"]):
+                x.append(_logit((total + CONF_PRIOR * 0.91) / (weight + CONF_PRIOR)) - _logit(0.91))
+                y.append(float(agree))
+                total, weight = total * decay + conf, weight * decay + 1.0
+        a, y = np.stack([np.ones(len(x)), np.array(x)], 1), np.array(y)
+        for cols in ([0], [0, 1]):
+            b = np.zeros(len(cols))
+            for _ in range(50):  # Newton on the log-likelihood
+                p = 1 / (1 + np.exp(-a[:, cols] @ b))
+                b -= np.linalg.solve(-(a[:, cols].T * (p * (1 - p))) @ a[:, cols] - 1e-9 * np.eye(len(cols)),
+                                     a[:, cols].T @ (y - p))
+            p = np.clip(1 / (1 + np.exp(-a[:, cols] @ b)), 1e-9, 1 - 1e-9)
+            loss = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+            print(f"decay {decay}: " + (f"constant log-loss {loss:.3f}" if len(cols) == 1 else
+                                         f"with the confidence {loss:.3f}, slope {b[1]:.2f}"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -127,8 +158,10 @@ def main() -> None:
     sim.add_argument("records")
     sim.add_argument("--tokens", type=int, default=40)
     sim.add_argument("--set", nargs="*", default=[])
+    fitting = sub.add_parser("fit")
+    fitting.add_argument("records")
     args = ap.parse_args()
-    (record if args.cmd == "record" else simulate)(args)
+    {"record": record, "simulate": simulate, "fit": fit}[args.cmd](args)
 
 
 if __name__ == "__main__":
