@@ -29,9 +29,23 @@ KEPT = {"plain": PLAIN, "step": STEP, "per_token": PER_TOKEN, "fixed": FIXED,
         "conf": {"model": [0.9, 100.0]}}
 
 
-def record(args) -> None:
+def continuation(target, draft, ids: list[int], n: int):
+    """The target's greedy continuation of `ids` (n tokens), and both models' logits (float32) at the positions
+    that predict it."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
+
+    seq, cache = list(ids), make_prompt_cache(target.model)
+    logits = target.model(mx.array([seq]), cache=cache)[:, -1]
+    for _ in range(n):
+        seq.append(int(mx.argmax(logits, -1).item()))
+        logits = target.model(mx.array([seq[-1:]]), cache=cache)[:, -1]
+    x = mx.array([seq[:-1]])
+    return seq[len(ids):], *(m.model(x)[0, len(ids) - 1:].astype(mx.float32) for m in (target, draft))
+
+
+def record(args) -> None:
+    import mlx.core as mx
 
     from mtpcli import models
     from mtpcli.generate import encode_prompt
@@ -40,15 +54,9 @@ def record(args) -> None:
     out = {}
     for f in args.files:
         ids = encode_prompt(target.tokenizer, open(f).read(), None, None)
-        seq, cache = list(ids), make_prompt_cache(target.model)
-        logits = target.model(mx.array([seq]), cache=cache)[:, -1]
-        for _ in range(args.max_tokens):
-            seq.append(int(mx.argmax(logits, -1).item()))
-            logits = target.model(mx.array([seq[-1:]]), cache=cache)[:, -1]
-        x = mx.array([seq[:-1]])
-        lt, ld = (m.model(x)[0, len(ids) - 1:].astype(mx.float32) for m in (target, draft))
+        gen, lt, ld = continuation(target, draft, ids, args.max_tokens)
         top = lambda lg: mx.exp(lg.max(-1) - mx.logsumexp(lg, -1)).tolist()  # noqa: E731
-        out[f] = {"ids": ids, "gen": seq[len(ids):], "agree": (mx.argmax(lt, -1) == mx.argmax(ld, -1)).tolist(),
+        out[f] = {"ids": ids, "gen": gen, "agree": (mx.argmax(lt, -1) == mx.argmax(ld, -1)).tolist(),
                   "conf": top(lt), "qmax": top(ld)}
         print(f, sum(out[f]["agree"]) / len(out[f]["agree"]), flush=True)
     json.dump(out, open(args.out, "w"))

@@ -27,9 +27,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
     from auto_policy import prompts
+    from auto_sim import continuation
     from mtpcli import models
     from mtpcli.generate import encode_prompt
     from mtpcli.sampling import SamplingParams, probs
@@ -38,13 +37,7 @@ def main() -> None:
     sp = SamplingParams(temp=1.0, top_p=0.95)
     for cls, name, text in prompts():
         ids = encode_prompt(target.tokenizer, text, None, None)
-        seq, cache = list(ids), make_prompt_cache(target.model)
-        logits = target.model(mx.array([seq]), cache=cache)[:, -1]
-        for _ in range(args.max_tokens):
-            seq.append(int(mx.argmax(logits, -1).item()))
-            logits = target.model(mx.array([seq[-1:]]), cache=cache)[:, -1]
-        x = mx.array([seq[:-1]])
-        lt, ld = (m.model(x)[0, len(ids) - 1:].astype(mx.float32) for m in (target, draft))
+        _, lt, ld = continuation(target, draft, ids, args.max_tokens)
         agree = np.array((mx.argmax(lt, -1) == mx.argmax(ld, -1)).tolist(), dtype=float)
         conf = np.array(mx.exp(lt.max(-1) - mx.logsumexp(lt, -1)).tolist())
         passes = np.array(mx.minimum(probs(lt, sp, full=True), probs(ld, sp, full=True)).sum(-1).tolist())
