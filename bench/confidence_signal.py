@@ -8,7 +8,8 @@ positions: the draft's greedy agreement with the target (what T = 0 accepts), su
 over the first 8 positions, and the correlation of the signal at one position with agreement at the next. One JSON
 line per prompt on stdout.
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/confidence_signal.py TARGET DRAFT [--max-tokens 40]
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \
+        python bench/confidence_signal.py TARGET DRAFT [--max-tokens 40]
 """
 
 from __future__ import annotations

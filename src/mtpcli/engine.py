@@ -297,7 +297,7 @@ class Engine:
                                                                       draft.lengths, full)
         conf = None
         if self.drafter.speculates and hasattr(self.controller, "observe") and not self.link:  # a policy's evidence
-            top = logits.astype(mx.float32)
+            top = logits if logits.dtype == mx.float32 else logits.astype(mx.float32)  # (no copy on a CPU)
             conf = mx.exp(top.max(axis=-1) - mx.logsumexp(top, axis=-1))
         t_eval = time.perf_counter()
         mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]),

@@ -6,21 +6,21 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
 E comes from per-row, per-source, per-position conditional acceptance estimates: the kept acceptance by position
 (learnt over runs) moved by the row's log-odds shift of it (`row_shift`), which is the sum of two parts. First, how
 sure the target has been of the row's recent tokens against how sure it was where the kept acceptance was measured
-(`offset`, `observe`: a draft model that imitates the target agrees with it about as often as the target is sure,
-so prose, which the target is unsure of, expects less of the draft model than the code the table was learnt on,
-before a draft is paid for). Second, how the row's drafts fared against that (a MAP fit to its outcomes: position
-i counts only in cycles whose draft reached it and had not been rejected before it, so a fully accepted draft says
-nothing about the positions it did not reach: censored; a draft that a confidence floor cut short at n after n
-passed counts as rejected at n: it commits n + 1 tokens, as a rejection there would); a row whose drafts fail at
-the first positions expects less at the deeper ones too, which it never reached. The counts decay every cycle, so
-a source that has not been tried for a while drifts back to the kept acceptance moved by the row's offset and is
-tried again (exploration at a bounded cost). The kept table holds each source's acceptance by position and the
-confidence it was measured at. A deterministic source tells before drafting how many tokens it has for each row (`available`); a row with fewer gets
-only those. N-gram lookup and the history also estimate each token's chance (from the match behind it); such a
-source is expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's drafted tokens
-of the source fared against their estimates (`shift`; a file being edited repeats its prompt far more surely than a
-two-token match in general text says), around the shift kept from earlier runs. A draft model's confidence per token
-(drafters.passes) is calibrated the same way where it decides how far a draft goes.
+(`offset`, `observe`: a draft model that imitates the target agrees with it about as often as the target is sure, so
+prose, which the target is unsure of, expects less of the draft model than the code the table was learnt on, before
+a draft is paid for). Second, how the row's drafts fared against that (a MAP fit to its outcomes: position i counts
+only in cycles whose draft reached it and had not been rejected before it, so a fully accepted draft says nothing
+about the positions it did not reach: censored; a draft that a confidence floor cut short at n after n passed counts
+as rejected at n: it commits n + 1 tokens, as a rejection there would); a row whose drafts fail at the first
+positions expects less at the deeper ones too, which it never reached. The counts decay every cycle, so a source
+that has not been tried for a while drifts back to the kept acceptance moved by the row's offset and is tried again
+(exploration at a bounded cost). The kept table holds each source's acceptance by position and the confidence it was
+measured at. A deterministic source tells before drafting how many tokens it has for each row (`available`); a row
+with fewer gets only those. N-gram lookup and the history also estimate each token's chance (from the match behind
+it); such a source is expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's
+drafted tokens of the source fared against their estimates (`shift`; a file being edited repeats its prompt far more
+surely than a two-token match in general text says), around the shift kept from earlier runs. A draft model's
+confidence per token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
 
 T(s, k) = plain + fixed[s] + k * per_token[s]: the intercept of a line fitted to the cycles (all but chained plain
 steps), plus what a cycle of source s costs whatever its width (a draft model's catch-up on the tokens committed
@@ -400,14 +400,14 @@ class AutoPolicy:
 
     # ---- estimates ------------------------------------------------------------------------------------
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
-        """Per position: the kept acceptance moved (in log-odds) by the row's shift of it (`row_shift`: how sure
-        the target is of the row's text, and how the row's drafts fared against that), so a row whose drafts fail
-        early expects less at the positions they never reached too, and failures at moments the target was unsure
-        do not hold it back once the target is sure (the shape over positions is the kept table's,
-        learnt over many runs; a row's few outcomes move only its level); plus an exploration bonus that shrinks
-        with the times the position was reached and the times the row's drafts were tested at all (half each: an
-        early rejection must not end a good source at once, the first token of an answer is often the hardest;
-        nor must it leave every deeper position as promising as before)."""
+        """Per position: the kept acceptance moved (in log-odds) by the row's shift of it (`row_shift`: how sure the
+        target is of the row's text, and how the row's drafts fared against that), so a row whose drafts
+        fail early expects less at the positions they never reached too, and failures at moments the target
+        was unsure do not hold it back once the target is sure (the shape over positions is the kept
+        table's, learnt over many runs; a row's few outcomes move only its level); plus an exploration
+        bonus that shrinks with the times the position was reached and the times the row's drafts were
+        tested at all (half each: an early rejection must not end a good source at once, the first token of
+        an answer is often the hardest; nor must it leave every deeper position as promising as before)."""
         reached = self.counts[member][source][1]
         d = self.row_shift(source, member)
         prior = self.costs.prior_accept(source, self.n_max)
