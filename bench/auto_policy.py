@@ -8,7 +8,10 @@ and held-out prompts (bench/auto_heldout/) that nothing was tuned on. Before mea
 XDG_DATA_HOME), as a user's first run would.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 XDG_DATA_HOME=$(mktemp -d) \
-        python bench/auto_policy.py TARGET DRAFT OUT.json [--max-tokens 40] [--temps 0,1]
+        python bench/auto_policy.py TARGET DRAFT OUT.json [--max-tokens 40] [--temps 0,1] [--seed 0]
+
+At T > 0 every arm draws its own text, so one seed compares each class on one draw per arm: give each round its own
+--seed, so that pooling rounds averages over draws (at T = 0 the text is the same in every arm and every seed).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("--prompts", nargs="*", help="these prompt files instead (tuning: tune on prompts not reported)")
     ap.add_argument("--arms", default=",".join(a for a, _, _ in ARMS), help="these arms only (comma-separated)")
     ap.add_argument("--reverse", action="store_true", help="the arms in reverse order (a second round)")
+    ap.add_argument("--seed", type=int, default=0, help="the requests' seed (what T > 0 draws)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -60,7 +64,7 @@ def main() -> None:
     items = [(f"tune/{Path(f).stem}", Path(f).stem, Path(f).read_text()) for f in args.prompts] if args.prompts else \
         [it for it in prompts() if not args.classes or any(c in it[0] for c in args.classes.split(","))]
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
-                          "arms": [a for a, _, _ in arms], "argv": sys.argv}, "runs": []}
+                          "arms": [a for a, _, _ in arms], "seed": args.seed, "argv": sys.argv}, "runs": []}
 
     def settings(profile, extra, temp):
         over = {"model": args.target, "draft_model": args.draft, "temp": float(temp), "max_tokens": args.max_tokens,
@@ -72,7 +76,7 @@ def main() -> None:
     def one(s, ids):
         engine = build_engine(s, target, draft if s.values["draft"] in ("model", "auto") else None)
         tokens, first = [], None
-        for ev in engine.generate([Request(0, ids, s.values["max_tokens"], 0)]):
+        for ev in engine.generate([Request(0, ids, s.values["max_tokens"], args.seed)]):
             tokens.extend(ev.tokens)
             if first is None:
                 first = (len(tokens), time.perf_counter())

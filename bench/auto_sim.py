@@ -1,4 +1,4 @@
-"""A trace-driven simulation of `draft = auto` at T = 0, for tuning the policy without running the models each time.
+"""A trace-driven simulation of `draft = auto`, for tuning the policy without running the models each time.
 
 `record`: for each prompt, the target's greedy continuation (--max-tokens), then one pass of each model over prompt
 + continuation: per generated position, whether the draft's argmax agrees with the target's (at T = 0 a draft of k
@@ -9,9 +9,13 @@ those records, each cycle charged a fixed cost model (plain step, fixed part and
 measured on this CPU: docs/perf/auto.md) against a kept table as a warm run finds it; prints each prompt's tokens per
 second against plain steps and its cycles. Knobs of the policy module can be set for a run (--set NAME=VALUE).
 Tune on prompts that are not reported (bench/auto_tune/); the simulation ignores how a draft after a disagreement
-would go on (only where it stops costs anything) and T > 0.
+would go on (only where it stops costs anything). `record --temp 1` draws the continuation at T = 1 (top-p 0.95) and
+records each position's sum min(p, q), a drafted token's chance to pass there under the exact law: `simulate` draws
+each model token's pass from it (--seeds times; the text stays the recorded one, the lookup's tokens pass where they
+match it: a deterministic token x passes with probability p(x), the chance the text has x there).
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/auto_sim.py record TARGET DRAFT OUT.json FILES...
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/auto_sim.py record TARGET DRAFT OUT.json FILES... \
+        [--temp 1]
     python bench/auto_sim.py simulate OUT.json [--tokens 40] [--set ROW_SD=1.0 ...]
     python bench/auto_sim.py fit OUT.json        (how well the policy's confidence figure predicts agreement)
 """
@@ -21,24 +25,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 
 STEP, PLAIN, FIXED, PER_TOKEN = 0.30, 0.26, {"model": 0.17, "ngram": 0.12}, {"model": 0.15, "ngram": 0.03}
 KEPT = {"plain": PLAIN, "step": STEP, "per_token": PER_TOKEN, "fixed": FIXED,
         "accept": {"model": [0.95, 0.93, 0.9, 0.88, 0.87, 0.86, 0.85, 0.85], "ngram": [0.8] * 4},
         "visits": {"model": [100.0] * 8, "ngram": [50.0] * 4}, "shift": {"ngram": [0.5, 50.0], "model": [1.0, 50.0]},
         "conf": {"model": [0.9, 100.0]}}
+# drawn at T = 1 (top-p 0.95): as the kept tables of bench/auto_policy.py's T = 1 runs have them (docs/perf/cpu)
+KEPT_SAMPLED = {"accept": {"model": [0.9, 0.9, 0.9, 0.88, 0.87, 0.86, 0.85, 0.85], "ngram": [0.8] * 4},
+                "shift": {"ngram": [1.0, 50.0], "model": [0.45, 100.0]}}
 
 
-def continuation(target, draft, ids: list[int], n: int):
-    """The target's greedy continuation of `ids` (n tokens), and both models' logits (float32) at the positions
-    that predict it."""
+def continuation(target, draft, ids: list[int], n: int, sp=None, seed: int = 0):
+    """The target's continuation of `ids` (n tokens: greedy, or drawn under SamplingParams `sp`), and both models'
+    logits (float32) at the positions that predict it."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    seq, cache = list(ids), make_prompt_cache(target.model)
+    from mtpcli.sampling import probs, sample
+
+    seq, cache, key = list(ids), make_prompt_cache(target.model), mx.random.key(seed)
     logits = target.model(mx.array([seq]), cache=cache)[:, -1]
     for _ in range(n):
-        seq.append(int(mx.argmax(logits, -1).item()))
+        if sp is None:
+            seq.append(int(mx.argmax(logits, -1).item()))
+        else:
+            key, sub = mx.random.split(key)
+            seq.append(int(sample(probs(logits.astype(mx.float32), sp)[0], sub).item()))
         logits = target.model(mx.array([seq[-1:]]), cache=cache)[:, -1]
     x = mx.array([seq[:-1]])
     return seq[len(ids):], *(m.model(x)[0, len(ids) - 1:].astype(mx.float32) for m in (target, draft))
@@ -49,15 +63,20 @@ def record(args) -> None:
 
     from mtpcli import models
     from mtpcli.generate import encode_prompt
+    from mtpcli.sampling import SamplingParams, probs
 
     target, draft = models.load(args.target, "target model"), models.load(args.draft, "draft model")
+    sp = SamplingParams(temp=args.temp, top_p=0.95) if args.temp else None
     out = {}
     for f in args.files:
         ids = encode_prompt(target.tokenizer, open(f).read(), None, None)
-        gen, lt, ld = continuation(target, draft, ids, args.max_tokens)
+        gen, lt, ld = continuation(target, draft, ids, args.max_tokens, sp)
         top = lambda lg: mx.exp(lg.max(-1) - mx.logsumexp(lg, -1)).tolist()  # noqa: E731
         out[f] = {"ids": ids, "gen": gen, "agree": (mx.argmax(lt, -1) == mx.argmax(ld, -1)).tolist(),
                   "conf": top(lt), "qmax": top(ld)}
+        if sp is not None:  # a drafted token's chance to pass there: sum min(p, q) (exact law)
+            out[f]["pass"] = mx.minimum(probs(lt, sp), probs(ld, sp)).sum(-1).tolist()
+            out[f]["temp"] = args.temp
         print(f, sum(out[f]["agree"]) / len(out[f]["agree"]), flush=True)
     json.dump(out, open(args.out, "w"))
 
@@ -74,12 +93,16 @@ def simulate(args) -> None:
     data = json.load(open(args.records))
     cost = lambda s, k: STEP if s is None or not k else PLAIN + FIXED[s] + PER_TOKEN[s] * k  # noqa: E731
     ratios = []
-    for name, r in data.items():
+    for name, r, seed in ((n, r, seed) for n, r in data.items() for seed in range(args.seeds if "pass" in r else 1)):
         ids, gen, agree, conf, qmax = r["ids"], r["gen"], r["agree"], r["conf"], r["qmax"]
+        rng = random.Random(seed)
+        if "pass" in r:  # drawn at T > 0: a model's token passes with its chance there, sum min(p, q)
+            agree = [rng.random() < x for x in r["pass"]]  # (one draw per position: redrawn per seed)
+        greedy = "pass" not in r
         lookup = NgramDrafter(2, 4)  # (the default profile's ngram_min, ngram_max)
         lookup.add_rows(1)
         lookup.start(0, ids)
-        pol = AutoPolicy(["ngram", "model"], 8, Costs.from_dict(KEPT),
+        pol = AutoPolicy(["ngram", "model"], 8, Costs.from_dict(KEPT if greedy else {**KEPT, **KEPT_SAMPLED}),
                          lambda s, c, k: lookup.available(c, k) if s == "ngram" else None, warm=True, stops=["model"])
         t, seconds, trace = 0, 0.0, []
         while t < min(args.tokens, len(gen) - 1):
@@ -92,7 +115,7 @@ def simulate(args) -> None:
                 keep, go_on, shift = pol.floor("model")
                 chance, n, chances = 1.0, k, []
                 for j in range(k):
-                    raw = passes(qmax[t + j], True)
+                    raw = passes(qmax[t + j], greedy)
                     chance *= shifted(raw, shift[0])
                     if chance < keep:
                         n = j
@@ -119,7 +142,7 @@ def simulate(args) -> None:
             t += a + 1
             lookup.commit([ids + gen[:t]], [a], None)
         ratios.append(t / seconds * STEP)
-        print(f"{name.split('/')[-1]:24s} {ratios[-1]:.2f}x plain  {' '.join(trace)}")
+        print(f"{name.split('/')[-1]:24s} {ratios[-1]:.2f}x plain  {' '.join(trace)}"[:args.width])
     print(f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x plain")
 
 
@@ -162,10 +185,13 @@ def main() -> None:
     rec.add_argument("out")
     rec.add_argument("files", nargs="+")
     rec.add_argument("--max-tokens", type=int, default=80)
+    rec.add_argument("--temp", type=float, default=0.0, help="a continuation drawn at this temperature (top-p 0.95)")
     sim = sub.add_parser("simulate")
     sim.add_argument("records")
     sim.add_argument("--tokens", type=int, default=40)
     sim.add_argument("--set", nargs="*", default=[])
+    sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: the passes drawn this many times")
+    sim.add_argument("--width", type=int, default=1000, help="print lines cut to this many characters")
     fitting = sub.add_parser("fit")
     fitting.add_argument("records")
     args = ap.parse_args()
