@@ -87,6 +87,9 @@ def simulate(args) -> None:
     from mtpcli.drafters.ngram import NgramDrafter
     from mtpcli.policy import AutoPolicy, Costs, shifted
 
+    for kv in args.kept:  # an entry of the kept table (JSON), e.g. conf={}
+        name, value = kv.split("=", 1)
+        KEPT[name] = KEPT_SAMPLED[name] = json.loads(value)
     for kv in args.set:
         name, value = kv.split("=")
         setattr(policy, name, type(getattr(policy, name))(json.loads(value)))
@@ -190,6 +193,7 @@ def main() -> None:
     sim.add_argument("records")
     sim.add_argument("--tokens", type=int, default=40)
     sim.add_argument("--set", nargs="*", default=[])
+    sim.add_argument("--kept", nargs="*", default=[], help="NAME=JSON: an entry of the kept table, at every T")
     sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: the passes drawn this many times")
     sim.add_argument("--width", type=int, default=1000, help="print lines cut to this many characters")
     fitting = sub.add_parser("fit")

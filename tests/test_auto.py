@@ -409,6 +409,26 @@ def test_a_shadow_draft_is_learnt_as_far_as_committed_when_its_source_drafts_and
     assert p.points[0]["ngram"] == [] and p.shadow == [{"ngram": (9, [7], [0.5])}]
 
 
+def test_a_row_that_leaves_the_batch_learns_its_pending_drafts_first(tiny, monkeypatch):
+    target, _ = tiny
+    prompts = [list(target.tokenizer.encode(p)) for p in ("abcabcabcabc", "the sea is ")]
+    eng = auto_engine(tiny, NONE_PAYS, batch_size=2)  # plain steps: a lookup with a match waits to be decided
+    pol, events, reset, keep = eng.controller, [], eng.controller.reset, engine_mod.keep_members
+
+    def spy_reset(member=None):
+        pending, learnt = member is not None and bool(pol.shadow[member]), len(pol.seen_points["ngram"])
+        reset(member)
+        events.append(("reset", member, pending, len(pol.seen_points["ngram"]) - learnt))
+
+    pol.reset = spy_reset
+    monkeypatch.setattr(engine_mod, "keep_members", lambda c, live: events.append(("keep", list(live))) or keep(c, live))
+    list(eng.generate([Request(0, prompts[0], 12, 0), Request(1, prompts[1], 30, 0)]))
+    keeps = [i for i, e in enumerate(events) if e[0] == "keep"]
+    assert [events[i] for i in keeps] == [("keep", [1]), ("keep", [])]  # row 0 leaves, then row 1 (member 0 by then)
+    assert events[keeps[0] - 1] == ("reset", 0, True, 1)  # its pending lookup draft was learnt before it left
+    assert events[keeps[1] - 1][:2] == ("reset", 0)  # the last row too
+
+
 def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change():
     kept = Costs(1.0, {"model": 0.3}, {"model": [0.7, 0.7, 0.7]}, {"model": [200.0, 150.0, 100.0]})
     noisy = Costs(1.0, {"model": 0.3}, {"model": [0.8, 0.55, 0.9]}, {"model": [20.0, 12.0, 5.0]})

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runlog import data_dir, writing
+from .runlog import data_dir, use_wal, writing
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (
@@ -77,7 +77,7 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
         con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         con.execute("PRAGMA busy_timeout = 30000")
         if create:
-            con.execute("PRAGMA journal_mode = WAL")
+            use_wal(con)
             con.execute("PRAGMA journal_size_limit = 4194304")
             con.executescript(SCHEMA)
         con.execute("SELECT count(*) FROM docs").fetchone()

@@ -48,6 +48,21 @@ def disabled() -> bool:
     return os.environ.get("MTPCLI_NO_LOG", "") not in ("", "0")
 
 
+def use_wal(con: sqlite3.Connection) -> None:
+    """Put the database in write-ahead-log mode (kept in the file: later connections find it so). Changing the mode
+    takes the database for itself and does not wait for other connections (no busy handler: "database is locked" at
+    once while another process opens or writes the same new file), so it is tried again for a while."""
+    for attempt in range(100):
+        try:
+            if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                con.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if attempt == 99 or "locked" not in str(e) and "busy" not in str(e):
+                raise
+            time.sleep(0.05)
+
+
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +72,7 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
         con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         con.execute("PRAGMA busy_timeout = 30000")
         if create:
-            con.execute("PRAGMA journal_mode = WAL")
+            use_wal(con)
             con.executescript(SCHEMA)
         con.execute("SELECT count(*) FROM runs").fetchone()
     except sqlite3.DatabaseError as e:
