@@ -425,8 +425,12 @@ def test_a_row_that_leaves_the_batch_learns_its_pending_drafts_first(tiny, monke
     list(eng.generate([Request(0, prompts[0], 12, 0), Request(1, prompts[1], 30, 0)]))
     keeps = [i for i, e in enumerate(events) if e[0] == "keep"]
     assert [events[i] for i in keeps] == [("keep", [1]), ("keep", [])]  # row 0 leaves, then row 1 (member 0 by then)
-    assert events[keeps[0] - 1] == ("reset", 0, True, 1)  # its pending lookup draft was learnt before it left
+    _, member, pending, learnt = events[keeps[0] - 1]
+    assert member == 0 and pending and learnt > 0  # its pending lookup draft was learnt before it left
     assert events[keeps[1] - 1][:2] == ("reset", 0)  # the last row too
+    events.clear()
+    run(eng, prompts[0])  # one prompt (its plain steps chained): its last pending draft is learnt as it ends
+    assert events[-2][:3] == ("reset", 0, True) and events[-2][3] > 0 and events[-1] == ("keep", [])
 
 
 def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change():

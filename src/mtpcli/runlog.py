@@ -51,14 +51,15 @@ def disabled() -> bool:
 def use_wal(con: sqlite3.Connection) -> None:
     """Put the database in write-ahead-log mode (kept in the file: later connections find it so). Changing the mode
     takes the database for itself and does not wait for other connections (no busy handler: "database is locked" at
-    once while another process opens or writes the same new file), so it is tried again for a while."""
-    for attempt in range(100):
+    once while another process opens or writes the same new file), so it is tried again for a few seconds."""
+    deadline = time.monotonic() + 5.0
+    while True:
         try:
             if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 con.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as e:
-            if attempt == 99 or "locked" not in str(e) and "busy" not in str(e):
+            if "database is locked" not in str(e) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
 
