@@ -232,8 +232,9 @@ class Engine:
                 self.rows[b] = self._start(b, queue)
         live = [b for b, r in enumerate(self.rows) if not r.done]
         if len(live) < len(self.rows):  # nothing left to refill these rows with
-            for b in [b for b, r in enumerate(self.rows) if r.done]:
-                self.controller.reset(b)  # (a policy learns what the row's pending drafts came to, as at a refill)
+            for b, row in enumerate(self.rows):
+                if row.done:  # (a policy learns what the row's pending drafts came to, as at a refill)
+                    self.controller.reset(b)
             self.rows = [self.rows[b] for b in live]
             for part in (self.target, self.drafter):
                 part.keep_rows(live)
