@@ -7,7 +7,10 @@ disagreement), the target's largest probability (what `AutoPolicy.observe` sees)
 confidence floor reads). `simulate`: the real AutoPolicy, the real n-gram lookup and the draft model's floor run on
 those records, each cycle charged a fixed cost model (plain step, fixed part and per-token seconds per source, as
 measured on this CPU: docs/perf/auto.md) against a kept table as a warm run finds it; prints each prompt's tokens per
-second against plain steps and its cycles. Knobs of the policy module can be set for a run (--set NAME=VALUE).
+second against plain steps and its cycles (`--arm`: a fixed arm of bench/auto_policy.py instead of auto, as its
+profile runs it: lookup alone at width K, the draft model at width K, the EMA width; `compare`: every arm per prompt,
+and auto against the best of the others, as issue 14's per-class bar reads it). Knobs of the policy module can be
+set for a run (--set NAME=VALUE).
 Tune on prompts that are not reported (bench/auto_tune/); the simulation ignores how a draft after a disagreement
 would go on (only where it stops costs anything). `record --temp 1` draws the continuation at T = 1 (top-p 0.95) and
 records each position's sum min(p, q), a drafted token's chance to pass there under the exact law: `simulate` draws
@@ -16,7 +19,8 @@ match it: a deterministic token x passes with probability p(x), the chance the t
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/auto_sim.py record TARGET DRAFT OUT.json FILES... \
         [--temp 1]
-    python bench/auto_sim.py simulate OUT.json [--tokens 40] [--set ROW_SD=1.0 ...]
+    python bench/auto_sim.py simulate OUT.json [MORE.json ...] [--tokens 40] [--arm auto] [--set ROW_SD=1.0 ...]
+    python bench/auto_sim.py compare OUT.json [MORE.json ...] [--tokens 40]   (auto against the fixed arms, per prompt)
     python bench/auto_sim.py fit OUT.json        (how well the policy's confidence figure predicts agreement)
 """
 
@@ -26,6 +30,7 @@ import argparse
 import json
 import math
 import random
+import re
 
 STEP, PLAIN, FIXED, PER_TOKEN = 0.30, 0.26, {"model": 0.17, "ngram": 0.12}, {"model": 0.15, "ngram": 0.03}
 KEPT = {"plain": PLAIN, "step": STEP, "per_token": PER_TOKEN, "fixed": FIXED,
@@ -81,11 +86,107 @@ def record(args) -> None:
     json.dump(out, open(args.out, "w"))
 
 
-def simulate(args) -> None:
-    from mtpcli import policy
+def load(paths: list[str]) -> dict:
+    """Records of one or more files, each prompt named by its file (and its temperature where it was drawn at T > 0,
+    so one prompt's records at two temperatures are two entries; a prompt in two files at one: the later file's)."""
+    data = {}
+    for path in paths:
+        for name, r in json.load(open(path)).items():
+            data[f"{name}@T{r['temp']:g}" if r.get("temp") else name] = r
+    return data
+
+
+ARM = re.compile(r"auto|plain|ema|(ngram|model):[1-9][0-9]*")
+
+
+def arm_name(value: str) -> str:
+    if not ARM.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"unknown arm {value!r}: auto, plain, ema, ngram:K or model:K")
+    return value
+
+
+def run_one(r: dict, arm: str, tokens: int, seed: int) -> tuple[float, list[str]]:
+    """One prompt's record under `arm` (auto; plain; ngram:K, lookup at width K where it has a match, else a plain
+    step; model:K, the draft model at width K; ema, the draft model at the EMA width 3..7 of profile adaptive; the
+    fixed arms with no confidence floor, as their profiles): tokens per second against plain steps, and the cycles."""
+    from mtpcli.controller import EmaController
     from mtpcli.drafters import passes
     from mtpcli.drafters.ngram import NgramDrafter
     from mtpcli.policy import AutoPolicy, Costs, shifted
+
+    cost = lambda s, k: STEP if s is None or not k else PLAIN + FIXED[s] + PER_TOKEN[s] * k  # noqa: E731
+    ids, gen, agree, conf, qmax = r["ids"], r["gen"], r["agree"], r["conf"], r["qmax"]
+    rng = random.Random(seed)
+    if "pass" in r:  # drawn at T > 0: a model's token passes with its chance there, sum min(p, q)
+        agree = [rng.random() < x for x in r["pass"]]  # (one draw per position: redrawn per seed)
+    greedy = "pass" not in r
+    lookup = NgramDrafter(2, 4)  # (the default profile's ngram_min, ngram_max)
+    lookup.add_rows(1)
+    lookup.start(0, ids)
+    pol = AutoPolicy(["ngram", "model"], 8, Costs.from_dict(KEPT if greedy else {**KEPT, **KEPT_SAMPLED}),
+                     lambda s, c, k: lookup.available(c, k) if s == "ngram" else None, warm=True, stops=["model"])
+    fixed, width = (arm.split(":") + ["0"])[:2] if arm != "auto" else (None, "0")
+    ema = EmaController(n_min=3, n_max=7) if arm == "ema" else None
+    t, seconds, trace = 0, 0.0, []
+    while t < min(tokens, len(gen) - 1):
+        context = ids + gen[:t]
+        if fixed is None:
+            source, k = pol.plan([context])
+        elif fixed == "ngram":
+            have = lookup.available([context], int(width))[0]
+            k = min(int(width), len(have))
+            source = "ngram" if k else None
+        elif fixed in ("model", "ema"):
+            source, k = "model", ema.width() if ema else int(width)
+        else:
+            source, k = None, 0
+        k = min(k, len(gen) - t - 1)
+        chances = None
+        n = a = 0
+        if source == "model" and k > 0:  # the floor as drafters.autoregress applies it (auto only)
+            keep, go_on, shift = pol.floor("model") if fixed is None else (0.0, 0.0, [0.0])
+            chance, n, chances = 1.0, k, []
+            for j in range(k):
+                raw = passes(qmax[t + j], greedy)
+                chance *= shifted(raw, shift[0])
+                if chance < keep:
+                    n = j
+                    break
+                chances.append(raw)
+                if chance < go_on:
+                    n = j + 1
+                    break
+            while a < n and agree[t + a]:
+                a += 1
+        elif source == "ngram" and k > 0:
+            look = lookup.available([context], k)[0]
+            draft = look.tokens[:k]
+            n, chances = len(draft), list(look)[: len(draft)]
+            while a < n and draft[a] == gen[t + a]:
+                a += 1
+        sec = cost(source, n)
+        seconds += sec
+        trace.append(f"{(source or 'plain')[0] if n else 'p'}{n}:{a + 1}")
+        if fixed is None:
+            pol.update([n], [a], seconds=sec, source=source if k > 0 else None, requested=[k if source else 0],
+                       chances=None if chances is None else [chances], chained=source is None)
+            pol.observe([conf[t: t + a + 1]])  # after update, as the engine
+        elif ema is not None:
+            ema.update([n], [a])
+        t += a + 1
+        lookup.commit([ids + gen[:t]], [a], None)
+    return t / seconds * STEP, trace
+
+
+def runs(data: dict, arm: str, tokens: int, seeds: int):
+    """(prompt, seed, ratio to plain, cycles) of every record: records drawn at T > 0 `seeds` times."""
+    for name, r in data.items():
+        for seed in range(seeds if "pass" in r else 1):
+            yield (name, seed, *run_one(r, arm, tokens, seed))
+
+
+def settings(args) -> None:
+    from mtpcli import policy
 
     for kv in args.kept:  # an entry of the kept table (JSON), e.g. conf={}
         name, value = kv.split("=", 1)
@@ -93,60 +194,46 @@ def simulate(args) -> None:
     for kv in args.set:
         name, value = kv.split("=")
         setattr(policy, name, type(getattr(policy, name))(json.loads(value)))
-    data = json.load(open(args.records))
-    cost = lambda s, k: STEP if s is None or not k else PLAIN + FIXED[s] + PER_TOKEN[s] * k  # noqa: E731
+
+
+def gmean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def simulate(args) -> None:
+    settings(args)
     ratios = []
-    for name, r, seed in ((n, r, seed) for n, r in data.items() for seed in range(args.seeds if "pass" in r else 1)):
-        ids, gen, agree, conf, qmax = r["ids"], r["gen"], r["agree"], r["conf"], r["qmax"]
-        rng = random.Random(seed)
-        if "pass" in r:  # drawn at T > 0: a model's token passes with its chance there, sum min(p, q)
-            agree = [rng.random() < x for x in r["pass"]]  # (one draw per position: redrawn per seed)
-        greedy = "pass" not in r
-        lookup = NgramDrafter(2, 4)  # (the default profile's ngram_min, ngram_max)
-        lookup.add_rows(1)
-        lookup.start(0, ids)
-        pol = AutoPolicy(["ngram", "model"], 8, Costs.from_dict(KEPT if greedy else {**KEPT, **KEPT_SAMPLED}),
-                         lambda s, c, k: lookup.available(c, k) if s == "ngram" else None, warm=True, stops=["model"])
-        t, seconds, trace = 0, 0.0, []
-        while t < min(args.tokens, len(gen) - 1):
-            context = ids + gen[:t]
-            source, k = pol.plan([context])
-            k = min(k, len(gen) - t - 1)
-            chances = None
-            n = a = 0
-            if source == "model" and k > 0:  # the floor as drafters.autoregress applies it
-                keep, go_on, shift = pol.floor("model")
-                chance, n, chances = 1.0, k, []
-                for j in range(k):
-                    raw = passes(qmax[t + j], greedy)
-                    chance *= shifted(raw, shift[0])
-                    if chance < keep:
-                        n = j
-                        break
-                    chances.append(raw)
-                    if chance < go_on:
-                        n = j + 1
-                        break
-                while a < n and agree[t + a]:
-                    a += 1
-            elif source == "ngram" and k > 0:
-                look = lookup.available([context], k)[0]
-                tokens = look.tokens[:k]
-                n, chances = len(tokens), list(look)[: len(tokens)]
-                while a < n and tokens[a] == gen[t + a]:
-                    a += 1
-            sec = cost(source, n)
-            seconds += sec
-            trace.append(f"{(source or 'plain')[0] if n else 'p'}{n}:{a + 1}")
-            pol.update([n], [a], seconds=sec, source=source if k > 0 else None, requested=[k if source else 0],
-                       chances=None if chances is None else [chances], chained=source is None)
-            if hasattr(pol, "observe"):  # after update, as the engine (a policy from before it has none)
-                pol.observe([conf[t: t + a + 1]])
-            t += a + 1
-            lookup.commit([ids + gen[:t]], [a], None)
-        ratios.append(t / seconds * STEP)
-        print(f"{name.split('/')[-1]:24s} {ratios[-1]:.2f}x plain  {' '.join(trace)}"[:args.width])
-    print(f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}x plain")
+    for name, _, ratio, trace in runs(load(args.records), args.arm, args.tokens, args.seeds):
+        ratios.append(ratio)
+        print(f"{name.split('/')[-1]:24s} {ratio:.2f}x plain  {' '.join(trace)}"[:args.width])
+    print(f"geometric mean {gmean(ratios):.3f}x plain")
+
+
+def compare(args) -> None:
+    """Per prompt (geometric mean over its draws): auto and the fixed arms against plain steps, and auto against
+    the best of the others (plain steps included), as issue 14's per-class bar reads it; then the geometric means
+    over prompts and how many prompts are below 0.97x the best other."""
+    settings(args)
+    data = load(args.records)
+    arms = ["auto", "ngram:4", "model:4", "ema"]
+    per = {}
+    for arm in arms:
+        got: dict[str, list[float]] = {}
+        for name, _, ratio, _ in runs(data, arm, args.tokens, args.seeds):
+            got.setdefault(name, []).append(ratio)
+        per[arm] = {name: gmean(v) for name, v in got.items()}
+    print("| prompt | " + " | ".join(arms) + " | auto / best other |")
+    print("|---|" + "---|" * (len(arms) + 1))
+    below, worst = 0, math.inf
+    for name in data:
+        best = max([1.0] + [per[a][name] for a in arms[1:]])
+        ratio = per["auto"][name] / best
+        below, worst = below + (ratio < 0.97), min(worst, ratio)
+        print(f"| {name.split('/')[-1].replace('.txt', '')} | " + " | ".join(f"{per[a][name]:.2f}" for a in arms)
+              + f" | {ratio:.2f}{' (below)' if ratio < 0.97 else ''} |")
+    print("\ngeometric means against plain: " + ", ".join(f"{a} {gmean(per[a].values()):.3f}" for a in arms)
+          + f"; auto below 0.97x the best other on {below} of {len(data)} prompts (worst {worst:.2f}x)")
 
 
 def fit(args) -> None:
@@ -189,17 +276,20 @@ def main() -> None:
     rec.add_argument("files", nargs="+")
     rec.add_argument("--max-tokens", type=int, default=80)
     rec.add_argument("--temp", type=float, default=0.0, help="a continuation drawn at this temperature (top-p 0.95)")
-    sim = sub.add_parser("simulate")
-    sim.add_argument("records")
-    sim.add_argument("--tokens", type=int, default=40)
-    sim.add_argument("--set", nargs="*", default=[])
-    sim.add_argument("--kept", nargs="*", default=[], help="NAME=JSON: an entry of the kept table, at every T")
-    sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: the passes drawn this many times")
-    sim.add_argument("--width", type=int, default=1000, help="print lines cut to this many characters")
+    for cmd in ("simulate", "compare"):
+        sim = sub.add_parser(cmd)
+        sim.add_argument("records", nargs="+")
+        sim.add_argument("--tokens", type=int, default=40)
+        sim.add_argument("--set", nargs="*", default=[])
+        sim.add_argument("--kept", nargs="*", default=[], help="NAME=JSON: an entry of the kept table, at every T")
+        sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: the passes drawn this many times")
+        if cmd == "simulate":
+            sim.add_argument("--arm", type=arm_name, default="auto", help="auto, plain, ngram:K, model:K or ema")
+            sim.add_argument("--width", type=int, default=1000, help="print lines cut to this many characters")
     fitting = sub.add_parser("fit")
     fitting.add_argument("records")
     args = ap.parse_args()
-    {"record": record, "simulate": simulate, "fit": fit}[args.cmd](args)
+    {"record": record, "simulate": simulate, "compare": compare, "fit": fit}[args.cmd](args)
 
 
 if __name__ == "__main__":
