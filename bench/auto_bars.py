@@ -72,7 +72,8 @@ def main() -> None:
     print("| class | " + " | ".join(arms) + " |")
     print("|---|" + "---|" * len(arms))
     for c in classes:
-        print(f"| {c} | " + " | ".join(f"{math.exp(mean[c, a]):.2f} ± {math.sqrt(var[c, a]):.2f}" for a in arms) + " |")
+        cells = (f"{math.exp(mean[c, a]):.2f} ± {math.sqrt(var[c, a]):.2f}" for a in arms)
+        print(f"| {c} | " + " | ".join(cells) + " |")
     rng = random.Random(0)
 
     def trial(truth: dict[tuple[str, str], float], n: int) -> list[bool]:

@@ -31,6 +31,7 @@ import json
 import math
 import random
 import re
+from statistics import geometric_mean
 
 STEP, PLAIN, FIXED, PER_TOKEN = 0.30, 0.26, {"model": 0.17, "ngram": 0.12}, {"model": 0.15, "ngram": 0.03}
 KEPT = {"plain": PLAIN, "step": STEP, "per_token": PER_TOKEN, "fixed": FIXED,
@@ -196,18 +197,13 @@ def settings(args) -> None:
         setattr(policy, name, type(getattr(policy, name))(json.loads(value)))
 
 
-def gmean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(map(math.log, xs)) / len(xs))
-
-
 def simulate(args) -> None:
     settings(args)
     ratios = []
     for name, _, ratio, trace in runs(load(args.records), args.arm, args.tokens, args.seeds):
         ratios.append(ratio)
         print(f"{name.split('/')[-1]:24s} {ratio:.2f}x plain  {' '.join(trace)}"[:args.width])
-    print(f"geometric mean {gmean(ratios):.3f}x plain")
+    print(f"geometric mean {geometric_mean(ratios):.3f}x plain")
 
 
 def compare(args) -> None:
@@ -222,7 +218,7 @@ def compare(args) -> None:
         got: dict[str, list[float]] = {}
         for name, _, ratio, _ in runs(data, arm, args.tokens, args.seeds):
             got.setdefault(name, []).append(ratio)
-        per[arm] = {name: gmean(v) for name, v in got.items()}
+        per[arm] = {name: geometric_mean(v) for name, v in got.items()}
     print("| prompt | " + " | ".join(arms) + " | auto / best other |")
     print("|---|" + "---|" * (len(arms) + 1))
     below, worst = 0, math.inf
@@ -232,7 +228,7 @@ def compare(args) -> None:
         below, worst = below + (ratio < 0.97), min(worst, ratio)
         print(f"| {name.split('/')[-1].replace('.txt', '')} | " + " | ".join(f"{per[a][name]:.2f}" for a in arms)
               + f" | {ratio:.2f}{' (below)' if ratio < 0.97 else ''} |")
-    print("\ngeometric means against plain: " + ", ".join(f"{a} {gmean(per[a].values()):.3f}" for a in arms)
+    print("\ngeometric means against plain: " + ", ".join(f"{a} {geometric_mean(per[a].values()):.3f}" for a in arms)
           + f"; auto below 0.97x the best other on {below} of {len(data)} prompts (worst {worst:.2f}x)")
 
 
@@ -282,7 +278,8 @@ def main() -> None:
         sim.add_argument("--tokens", type=int, default=40)
         sim.add_argument("--set", nargs="*", default=[])
         sim.add_argument("--kept", nargs="*", default=[], help="NAME=JSON: an entry of the kept table, at every T")
-        sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: the passes drawn this many times")
+        sim.add_argument("--seeds", type=int, default=8,
+                         help="records drawn at T > 0: the passes drawn this many times")
         if cmd == "simulate":
             sim.add_argument("--arm", type=arm_name, default="auto", help="auto, plain, ngram:K, model:K or ema")
             sim.add_argument("--width", type=int, default=1000, help="print lines cut to this many characters")
