@@ -14,7 +14,8 @@ import sys
 
 import mlx.core as mx
 
-from mtpcli import distributed, profiles, verify
+from mtpcli import config, verify
+from mtpcli.distributed import data, group, sharded
 from mtpcli.engine import Request
 
 N = 2500
@@ -28,21 +29,22 @@ def wrong(p, q, draft, keys, lengths=None, exact=verify.exact):
 
 
 def run(dist, loaded, target, draft_path, n, max_tokens, batch, eos=True, **flags):
-    s = profiles.resolve(None, {"model": target, "draft_model": draft_path, "num_draft_tokens": 3, "max_tokens": max_tokens,
-                                "distributed": dist.mode, **flags})
+    cfg = config.resolve(None, {"model": target, "draft_model": draft_path, "num_draft_tokens": 3,
+                                "max_tokens": max_tokens, "distributed": dist.mode, **flags})
+    cfg = config.settle(cfg, False, sharded=True)
     t = loaded[dist.mode]
     d = None
-    if dist.root and s.values["draft"] == "model":
+    if dist.root and cfg.draft == "model":
         from mtpcli import models
 
         d = loaded.get("draft") or loaded.setdefault("draft", models.load(draft_path, "draft model"))
     messages = dist.messages
-    engine = distributed.sharded_engine(dist, s, t, d, batch)
+    engine = sharded.engine(dist, cfg, t, d, batch)
     if not eos:
         engine.eos = set()
     ids = list(t.tokenizer.encode(PROMPT))
     outs = [[] for _ in range(n)]
-    for ev in distributed.events(dist, engine, [Request(c, ids, max_tokens, s.values["seed"], c) for c in range(n)]):
+    for ev in data.watched(dist, engine, [Request(c, ids, max_tokens, cfg.seed, c) for c in range(n)]):
         outs[ev.request].extend(ev.tokens)
     st = engine.stats
     return {"tokens": outs, "acceptance": st.acceptance_rate, "reached": st.reached, "cycles": engine.cycles,
@@ -52,11 +54,10 @@ def run(dist, loaded, target, draft_path, n, max_tokens, batch, eos=True, **flag
 
 def main():
     target, draft, out = sys.argv[1:4]
-    s = profiles.resolve(None, {"model": target, "distributed": "tensor"})
-    tensor = distributed.setup(s, several=False)
-    assert tensor is not None and tensor.mode == "tensor", "not launched as a group"
+    tensor = group.setup(config.resolve(None, {"model": target, "distributed": "tensor"}), several=False)
+    assert tensor.mode == "tensor", "not launched as a group"
     pipeline = dataclasses.replace(tensor, mode="pipeline", extra={})
-    loaded = {m.mode: distributed.load_target(target, m.mode, m.group) for m in (tensor, pipeline)}
+    loaded = {m.mode: sharded.load_target(target, m.mode, m.group) for m in (tensor, pipeline)}
     got = {}
     for name, dist, draft_kind in [("greedy-tensor-model", tensor, "model"), ("greedy-tensor-none", tensor, "none"),
                                    ("greedy-pipeline-model", pipeline, "model")]:

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from mtpcli import engine as engine_mod
-from mtpcli import sampling
-from mtpcli.controller import keep_members
+from mtpcli import sampling, verify
 from mtpcli.drafters import Draft
 from mtpcli.drafters.auto import AutoDrafter
 from mtpcli.drafters.model import ModelDrafter
@@ -84,7 +83,7 @@ def test_a_rows_estimates_are_calibrated_by_how_its_drafts_fared():
     assert p.expected("ngram", 4, 0, estimates=[0.3] * 4) > 2.0 > 1.3 > p.expected("ngram", 4, 1, estimates=[0.3] * 4)
     assert p.plan([[0], [0]])[0] == "ngram"
     assert p.floor("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
-    keep_members(p, [1])  # row 0 left: its evidence goes with it
+    p.keep([1])  # row 0 left: its evidence goes with it
     assert p.shift("ngram", 0) < -0.1 and p.plan([[0]]) == (None, 0)
     kept = p.measured()  # the run's shift, over every row's tokens (24 passed, 6 rejected), is kept for the next run
     assert kept.shift["ngram"][1] == 30 and shifted(0.3, kept.shift["ngram"][0]) == pytest.approx(0.8, abs=0.02)
@@ -222,7 +221,7 @@ def test_a_batch_gets_one_choice_and_rows_keep_their_own_estimates():
     assert p.expected("model", 3, 0) > 3.0 > 1.5 > p.expected("model", 3, 1)
     s, k = p.plan([[0], [0]])
     assert isinstance(k, int)  # one (source, width) for both rows
-    keep_members(p, [1])  # row 0 left the batch: the remaining row's estimates go with it
+    p.keep([1])  # row 0 left the batch: the remaining row's estimates go with it
     assert p.batch == 1 and p.expected("model", 3, 0) < 1.5
 
 
@@ -394,7 +393,7 @@ def test_a_shadow_draft_is_learnt_as_far_as_committed_when_its_source_drafts_and
     del p.scores
     p.plan([[0, 1, 2], [0, 5, 6]])
     p.shadow[0]["ngram"] = (9, [7], [0.5])
-    keep_members(p, [0])  # row 1 leaves the batch: the pending drafts follow their rows
+    p.keep([0])  # row 1 leaves the batch: the pending drafts follow their rows
     assert p.shadow == [{"ngram": (9, [7], [0.5])}]
     row = [0, 1, 2]
     p.plan([row])
@@ -413,7 +412,7 @@ def test_a_row_that_leaves_the_batch_learns_its_pending_drafts_first(tiny, monke
     target, _ = tiny
     prompts = [list(target.tokenizer.encode(p)) for p in ("abcabcabcabc", "the sea is ")]
     eng = auto_engine(tiny, NONE_PAYS, batch_size=2)  # plain steps: a lookup with a match waits to be decided
-    pol, events, reset, keep = eng.controller, [], eng.controller.reset, engine_mod.keep_members
+    pol, events, reset, keep = eng.policy, [], eng.policy.reset, eng.policy.keep
 
     def spy_reset(member=None):
         pending, learnt = member is not None and bool(pol.shadow[member]), len(pol.seen_points["ngram"])
@@ -421,7 +420,7 @@ def test_a_row_that_leaves_the_batch_learns_its_pending_drafts_first(tiny, monke
         events.append(("reset", member, pending, len(pol.seen_points["ngram"]) - learnt))
 
     pol.reset = spy_reset
-    monkeypatch.setattr(engine_mod, "keep_members", lambda c, live: events.append(("keep", list(live))) or keep(c, live))
+    pol.keep = lambda live: events.append(("keep", list(live))) or keep(live)
     list(eng.generate([Request(0, prompts[0], 12, 0), Request(1, prompts[1], 30, 0)]))
     keeps = [i for i, e in enumerate(events) if e[0] == "keep"]
     assert [events[i] for i in keeps] == [("keep", [1]), ("keep", [])]  # row 0 leaves, then row 1 (member 0 by then)
@@ -523,9 +522,9 @@ def test_kept_costs_stay_put_within_tolerance_and_move_beyond_it():
 def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available, warm=True,  # no calibration steps
-                     stops=["model"])  # as generate.auto_policy: the model is asked for its widest
-    drafter.floor = pol.floor  # as generate.auto_policy wires it: the draft model stops where it is unsure
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.lookahead, warm=True,  # no calibration steps
+                     stops=["model"])  # as assemble.auto_policy: the model is asked for its widest, and its plans
+    #                                    say where it stops (Plan.stop: where the draft is unsure)
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
                   batch_size)
 
@@ -564,7 +563,7 @@ def test_auto_greedy_is_token_identical_on_windowed_and_hybrid_targets(tiny, tmp
     ids = list(target.tokenizer.encode("abcabcabcabc"))
     plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available, warm=True,
+    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.lookahead, warm=True,
                                                    stops=["model"]), (),
                  DecodeConfig(max_tokens=60))
     assert run(eng, ids) == plain
@@ -587,11 +586,13 @@ def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, floor
     if floor is not None:  # floors of the draft model's chance higher than the policy's, so that they cut often;
         shifts = eng.shifts = []  # each row's shift as the policy fits it (from the row's earlier cycles)
 
+        policy_floor = eng.policy.floor
+
         def floored(source):
-            shift = eng.controller.floor(source)[2]
+            shift = policy_floor(source)[2]
             shifts.extend(shift)
             return (*floor, shift)
-        eng.drafter.floor = floored
+        eng.policy.floor = floored
     arr = np.array([o[:2] for o in run(eng, ids, N)])
     return ids, arr[:, 0], arr[:, 1], eng
 
@@ -609,8 +610,8 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     # few candidates for the partial top-p selection, so that some nuclei lie past it and are judged again
     monkeypatch.setattr(sampling, "CANDIDATES", 6)
     redone = []
-    judge = engine_mod.judge
-    monkeypatch.setattr(engine_mod, "judge", lambda *a, **k: redone.append(k.get("full")) or judge(*a, **k))
+    judge = verify.judge
+    monkeypatch.setattr(verify, "judge", lambda *a: redone.append(a[-1] or None) or judge(*a))
     target, _ = tiny
     ids, first, second, eng = pairs(tiny, sp, TWO, floor=(0.3, 0.45))
     p1, p2 = target_marginals(target, ids, sp)
@@ -631,10 +632,10 @@ def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypat
     second tokens stay distributed as the target's."""
     monkeypatch.setattr(sampling, "CANDIDATES", 6)
     chained, discarded = [], []
-    launch, discard = Engine._launch, Engine._discard
-    monkeypatch.setattr(Engine, "_launch", lambda self, prev, plan=None: chained.append(prev is not None)
-                        or launch(self, prev, plan))
-    monkeypatch.setattr(Engine, "_discard", lambda self, c: discarded.append(1) or discard(self, c))
+    launch, relaunch = Engine._launch, Engine._relaunch
+    monkeypatch.setattr(Engine, "_launch", lambda self, plan, after=None, fresh=False: chained.append(after is not None)
+                        or launch(self, plan, after, fresh))
+    monkeypatch.setattr(Engine, "_relaunch", lambda self, f: discarded.append(1) or relaunch(self, f))
     sp = SamplingParams(temp=1.0, top_p=0.8)
     target, _ = tiny
     ids = list(target.tokenizer.encode("the sea is "))
@@ -661,8 +662,8 @@ def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkey
     monkeypatch.setattr(engine_mod.mx, "async_eval", computing)
     eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), max_tokens=8)  # plain steps only
     seen = []
-    update = eng.controller.update
-    eng.controller.update = lambda *a, **k: seen.append((k["seconds"], k["chained"])) or update(*a, **k)
+    update = eng.policy.update
+    eng.policy.update = lambda *a, **k: seen.append((k["seconds"], k["chained"])) or update(*a, **k)
     t0 = time.perf_counter()
     run(eng, list(tiny[0].tokenizer.encode("the sea is ")))
     assert len(seen) == 8 and not seen[0][1] and all(c for _, c in seen[1:-1])  # a chain of plain steps
@@ -700,24 +701,24 @@ def test_the_policy_sees_the_targets_confidence_at_committed_tokens_only(tiny, m
     target, _ = tiny
     prompts = [list(target.tokenizer.encode(p)) for p in ("abcabcabcabc", "the sea is ")[:rows]]
     eng = auto_engine(tiny, costs, sp, batch_size=rows, max_tokens=40)
-    seen, observe = {i: [] for i in range(rows)}, eng.controller.observe
+    seen, observe = {i: [] for i in range(rows)}, eng.policy.observe
 
     def spy(confs):  # per member: the engine's rows, before a refill or a row leaving
         for b, cs in enumerate(confs):
             seen[eng.rows[b].req.index].extend(cs)
         observe(confs)
-    eng.controller.observe = spy
-    calls, update = [], eng.controller.update
-    eng.controller.update = lambda *a, **k: calls.append("update") or update(*a, **k)
-    observe_spied = eng.controller.observe
-    eng.controller.observe = lambda confs: calls.append("observe") or observe_spied(confs)
+    eng.policy.observe = spy
+    calls, update = [], eng.policy.update
+    eng.policy.update = lambda *a, **k: calls.append("update") or update(*a, **k)
+    observe_spied = eng.policy.observe
+    eng.policy.observe = lambda confs: calls.append("observe") or observe_spied(confs)
     outs = [[] for _ in range(rows)]
     for ev in eng.generate([Request(i, ids, 40, 0) for i, ids in enumerate(prompts)]):
         outs[ev.request].extend(ev.tokens)
     if costs is BOTH:
         assert eng.stats.drafted > 10 and eng.stats.acceptance_rate < 1.0  # drafts were rejected: positions after
     else:
-        assert eng.stats.drafted == 0 and eng.stats.cycles == 40 and len(eng.controller.fit.chained) > 20
+        assert eng.stats.drafted == 0 and eng.stats.cycles == 40 and len(eng.policy.fit.chained) > 20
     assert calls == ["update", "observe"] * (len(calls) // 2)  # each cycle learnt at what it was planned with
     for i, ids in enumerate(prompts):
         logits = target.model(mx.array([ids + outs[i]]))[0, len(ids) - 1: -1].astype(mx.float32)
@@ -793,8 +794,8 @@ def test_plain_decoding_with_the_partial_top_p_redoes_a_chained_step_and_stays_e
     with the full sort, the chained step that started from its old token is undone and launched again."""
     monkeypatch.setattr(sampling, "CANDIDATES", 6)
     discarded = []
-    discard = Engine._discard
-    monkeypatch.setattr(Engine, "_discard", lambda self, c: discarded.append(1) or discard(self, c))
+    relaunch = Engine._relaunch
+    monkeypatch.setattr(Engine, "_relaunch", lambda self, f: discarded.append(1) or relaunch(self, f))
     target, _ = tiny
     sp = SamplingParams(temp=1.0, top_p=0.8)
     ids = list(target.tokenizer.encode("abcabcab"))
@@ -813,7 +814,7 @@ def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):
     plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model, prefill_step=3)})
     pol = AutoPolicy(["ngram", "model"], 4, Costs(1.0, {"ngram": 0.01, "model": 0.2}, {"model": [0.99] * 4}),
-                     drafter.available)
+                     drafter.lookahead)
     eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=60))
     assert run(eng, ids) == plain
     assert eng.stats.sources["ngram"].cycles and eng.stats.sources["model"].cycles

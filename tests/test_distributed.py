@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpcli import distributed
+from mtpcli.distributed import data
 from mtpcli.engine import Request
 from mtpcli.sampling import SamplingParams
 from stattools import fits
@@ -137,7 +137,7 @@ def test_data_mode_keeps_input_order_and_gathers_statistics(qwen, cli, tmp_path)
 
 def test_shares_are_balanced_by_length_and_keep_input_order():
     reqs = [Request(i, [0] * p, m, 0) for i, (p, m) in enumerate([(100, 100), (10, 10), (90, 90), (20, 20), (5, 5)])]
-    a, b = distributed.shares(reqs, 2)
+    a, b = data.shares(reqs, 2)
     assert [r.index for r in a] == [0, 1, 4] and [r.index for r in b] == [2, 3]  # loads 230 and 220
     assert sorted(r.index for r in a + b) == list(range(5))
 
@@ -168,6 +168,16 @@ def test_tensor_sharded_speculation_is_distributed_as_the_target_and_a_wrong_law
         verdicts.append(fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and
                         fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
     assert verdicts == [True, False]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, nearest first."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop(0))
+        out += kids
+        todo += kids
+    return out
 
 
 def children(pid: int) -> list[int]:
@@ -201,7 +211,7 @@ def test_a_rank_killed_mid_run_ends_the_job_with_one_clear_error(qwen, tmp_path)
         import select
 
         assert select.select([p.stdout], [], [], 120)[0] and p.stdout.read(1)  # rank 0 is decoding
-        victim = next(c for c in children(p.pid) if rank_of(c) == 1)
+        victim = [c for c in descendants(p.pid) if rank_of(c) == 1][-1]  # the rank itself (under its wrapper)
         os.kill(victim, signal.SIGKILL)
         _, err = p.communicate(timeout=60)  # bounded: the job ends, no rank hangs
     finally:

@@ -190,7 +190,7 @@ def test_a_batch_under_auto_with_answers_shared_mid_run_is_greedy_identical(tiny
         want.append([t for ev in plain.generate([Request(0, i, n, 0)]) for t in ev.tokens])
     store = store_of(doc(want[1][:20]))
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "history": HistoryDrafter(store)})
-    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.available,
+    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.lookahead,
                      warm=True)
     eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=50), batch_size=3)
     outs = [[] for _ in prompts]
@@ -419,26 +419,25 @@ def test_the_history_flags_are_in_help_and_the_cap_flag_caps_the_store(cli, tiny
 
 
 def test_agent_json_turns_the_history_on_and_the_readme_documents_it():
-    from mtpcli import profiles
+    from mtpcli import config
 
-    assert profiles.resolve("agent-json", {}, env={}).values["history"] is True
-    assert profiles.resolve(None, {}, env={"MTPCLI_HISTORY": "1"}).values["history"] is True
-    assert profiles.resolve(None, {}, env={}).values["history"] is False  # opt-in
+    assert config.resolve("agent-json", {}, env={}).history is True
+    assert config.resolve(None, {}, env={"MTPCLI_HISTORY": "1"}).history is True
+    assert config.resolve(None, {}, env={}).history is False  # opt-in
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for text in ("--history", "mtpcli history stats", "history clear", "history export", "docs/perf/history.md"):
         assert text in readme, text
 
 
 def test_with_the_history_on_only_its_drafts_are_16_wide_unless_n_max_is_set(tiny):
-    from mtpcli import profiles
-    from mtpcli.generate import AUTO_N_MAX, build_engine, settle_draft
+    from mtpcli import assemble, config
+    from mtpcli.config import AUTO_N_MAX
 
     target, _ = tiny
 
     def policy(**over):
-        s = profiles.resolve("exact", {"model": "tiny", "history": True, **over}, env={})
-        settle_draft(s, target)
-        return build_engine(s, target, None, store=store_of()).controller
+        cfg = config.settle(config.resolve("exact", {"model": "tiny", "history": True, **over}, env={}), False)
+        return assemble.engine(cfg, target, None, store=store_of()).policy
 
     pol = policy()
     assert pol.n_max == 16 and pol.widest == {"ngram": AUTO_N_MAX}

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpcli import profiles
+from mtpcli import config as profiles
 from mtpcli.errors import UsageError
-from mtpcli.profiles import SCHEMA
+from mtpcli.config import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,17 +32,18 @@ def test_every_shipped_profile_loads_validates_and_says_what_it_is_for():
 
 def test_default_profile_is_exact_and_leaves_typical_off():
     s = profiles.resolve(None, {}, env={})
-    assert s.profile == "exact" and s["typical_threshold"] == 0.0
+    assert s.profile == "exact" and s.typical_threshold == 0.0
+    assert s.n_max == 8 and not s.pinned  # draft = auto chooses the width: up to 8
     assert profiles.load("adaptive").values["n_min"] == 3 and profiles.load("adaptive").values["n_max"] == 7
 
 
 def test_precedence_flag_over_env_over_profile_over_default():
     env = {"MTPCLI_TEMP": "0.5", "MTPCLI_TOP_K": "7"}
     s = profiles.resolve("typical-0.09", {"temp": 0.9}, env=env)
-    assert s["temp"] == 0.9 and s.origins["temp"] == "flag"
-    assert s["top_k"] == 7 and s.origins["top_k"] == "env MTPCLI_TOP_K"
-    assert s["top_p"] == 0.95 and s.origins["top_p"].endswith("typical-0.09.toml")
-    assert s["min_p"] == 0.0 and s.origins["min_p"] == "default"
+    assert s.temp == 0.9 and s.origins["temp"] == "flag"
+    assert s.top_k == 7 and s.origins["top_k"] == "env MTPCLI_TOP_K"
+    assert s.top_p == 0.95 and s.origins["top_p"].endswith("typical-0.09.toml")
+    assert s.min_p == 0.0 and s.origins["min_p"] == "default"
 
 
 def test_env_selects_profile_and_flag_profile_wins(udir):
@@ -60,11 +61,11 @@ def test_profile_use_persists_and_profile_flag_overrides(udir):
 def test_user_profile_extends_shipped(udir):
     (udir / "mine.toml").write_text('# mine\nextends = "typical-0.09"\nseed = 4\n')
     s = profiles.resolve("mine", {}, env={})
-    assert s["typical_threshold"] == 0.09 and s["seed"] == 4 and s["temp"] == 1.0
+    assert s.typical_threshold == 0.09 and s.seed == 4 and s.temp == 1.0
 
 
 def test_n_max_defaults_to_width():
-    assert profiles.resolve(None, {"num_draft_tokens": 6}, env={})["n_max"] == 6
+    assert profiles.resolve(None, {"num_draft_tokens": 6}, env={}).n_max == 6
 
 
 def err(udir, text, name="bad"):

@@ -6,23 +6,23 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from . import models, profiles, prompts, runlog
+from . import assemble, config, models, prompts, runlog
 from .engine import Request
 from .errors import UsageError
-from .generate import build_engine, encode_prompt, settings_record, settle_draft
+from .generate import encode_prompt
 from .stats import RunStats
 
 
 @dataclass
 class Arm:
     name: str
-    settings: profiles.Settings | None  # None for the mlx-lm baseline
+    cfg: config.Config
     kind: str = "mtpcli"  # mtpcli | mlx-lm
     runs: dict[int, list[RunStats]] = field(default_factory=dict)  # seed -> one RunStats per prompt
     steady: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # seed -> (tokens, s) after cycle 1
@@ -36,9 +36,8 @@ def fit_length(ids: list[int], n: int | None) -> list[int]:
 
 
 def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int) -> tuple[RunStats, list[int]]:
-    s = profiles.Settings({**arm.settings.values, "seed": seed, "max_tokens": max_tokens}, arm.settings.origins,
-                          arm.settings.profile)
-    engine = build_engine(s, target, draft if s.values["draft"] in ("model", "auto") else None)
+    cfg = replace(arm.cfg, seed=seed, max_tokens=max_tokens)
+    engine = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
     mx.reset_peak_memory()
     tokens, first = [], None
     for ev in engine.generate([Request(0, prompt, max_tokens, seed)]):
@@ -48,14 +47,15 @@ def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
     return engine.stats, tokens, (len(tokens) - first[0], time.perf_counter() - first[1])
 
 
-def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int, sp: dict, width: int):
+def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int, sp: config.Config,
+               width: int):
     """mlx-lm's own speculative decoding (token matching), measured the same way."""
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     mx.random.seed(seed)
     mx.reset_peak_memory()
-    sampler = make_sampler(temp=sp["temp"], top_p=sp["top_p"], top_k=sp["top_k"], min_p=sp["min_p"])
+    sampler = make_sampler(temp=sp.temp, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p)
     st = RunStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt))
     t0 = time.perf_counter()
     tokens, last_draft_run, first, first_cycle = [], 0, None, None
@@ -112,32 +112,32 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
           argv: list[str], log: bool = True, progress=None) -> dict[str, Any]:
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(model=model, draft_model=draft_model, draft=draft)
-    arms = [Arm(name, profiles.resolve(name, overrides)) for name in profile_names]
+    arms = [Arm(name, config.resolve(name, overrides)) for name in profile_names]
     if "ar" in baselines:
-        arms.append(Arm("ar (plain)", profiles.resolve(profile_names[0], {**overrides, "draft": "none"})))
+        arms.append(Arm("ar (plain)", config.resolve(profile_names[0], {**overrides, "draft": "none"})))
     if "mlx-lm" in baselines:
         if not draft_model:
             raise UsageError("--baseline mlx-lm needs --draft-model")
-        arms.append(Arm("mlx-lm speculative", profiles.resolve(profile_names[0], overrides), kind="mlx-lm"))
+        arms.append(Arm("mlx-lm speculative", config.resolve(profile_names[0], overrides), kind="mlx-lm"))
     if "mlx-lm-plain" in baselines:
-        arms.append(Arm("mlx-lm plain", profiles.resolve(profile_names[0], {**overrides, "draft": "none"}),
+        arms.append(Arm("mlx-lm plain", config.resolve(profile_names[0], {**overrides, "draft": "none"}),
                         kind="mlx-lm"))
     target = models.load(model, "target model")
     for arm in arms:
-        settle_draft(arm.settings, target)
+        arm.cfg = config.settle(arm.cfg, models.has_mtp(target))
     dmodel = None
     if draft_model:
         dmodel = models.load(draft_model, "draft model")
         models.check_pair(target, dmodel)
-    first = arms[0].settings.values
-    encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first["chat"], first["system"]),
+    first = arms[0].cfg
+    encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first.chat, first.system),
                                     prompt_tokens)) for it in prompts.bench_set(prompt_source)]
 
     def one(arm, ids, seed, n):
         if arm.kind == "mlx-lm":
-            v = arm.settings.values
-            spec = dmodel if v["draft"] != "none" and v["draft_model"] else None
-            return run_mlx_lm(arm, target, spec, ids, seed, n, v, v["num_draft_tokens"])
+            c = arm.cfg
+            spec = dmodel if c.draft != "none" and c.draft_model else None
+            return run_mlx_lm(arm, target, spec, ids, seed, n, c, c.num_draft_tokens)
         return run_mtpcli(arm, target, dmodel, ids, seed, n)
 
     for arm in arms:  # warm-up: compile, page in the weights, fill the allocator
@@ -162,22 +162,14 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     if log:
         for arm, s in zip(arms, summaries):
             agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
-            rec = {**agg.to_dict(), "settings": {**settings_record(arm.settings,
-                                                                   "mlx-lm" if arm.kind == "mlx-lm" else _law(arm)),
-                                                 "bench_arm": arm.name}}
+            law = {"law": "mlx-lm"} if arm.kind == "mlx-lm" else {}
+            rec = {**agg.to_dict(), "settings": {**arm.cfg.record(), **law, "bench_arm": arm.name}}
             runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,
-                                 draft=draft_model or arm.settings.values["draft"], prompt=encoded[0][1], stats=rec,
+                                 draft=draft_model or arm.cfg.draft, prompt=encoded[0][1], stats=rec,
                                  status=0, started=time.time(), log=True)
     return {"arms": summaries, "outputs": {a.name: a.outputs for a in arms},
             "config": {"model": model, "draft_model": draft_model, "seeds": seeds, "prompts": [n for n, _ in encoded],
                        "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "flags": overrides}}
-
-
-def _law(arm: Arm) -> str:
-    v = arm.settings.values
-    if v["temp"] == 0:
-        return "greedy"
-    return "typical" if v["typical_threshold"] > 0 else "exact"
 
 
 def render(result: dict[str, Any], out=None) -> None:

@@ -11,9 +11,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import typer  # noqa: E402
 
-from . import profiles  # noqa: E402
+from . import config  # noqa: E402
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, MtpError, UsageError  # noqa: E402
-from .profiles import SCHEMA  # noqa: E402
+from .config import SCHEMA  # noqa: E402
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Speculative decoding for local MLX models, with the statistics of what it cost.")
@@ -93,15 +93,16 @@ def generate(
     from . import prompts
 
     flags = {k: v for k, v in locals().items() if k in SCHEMA}
-    settings = profiles.resolve(profile or _global["profile"], flags)
+    cfg = config.resolve(profile or _global["profile"], flags)
     from .distributed import refuse_stdin
 
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
-    raise typer.Exit(gen.run(settings, items, single, num_completions, quiet, stats_json, separator, sys.argv[1:],
-                             batch_size, log=not no_log, log_prompts=log_prompts))
+    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(sys.argv[1:]), batch_size,
+                       log=not no_log, log_prompts=log_prompts)
+    raise typer.Exit(gen.run(cfg, items, opts))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -115,7 +116,7 @@ def launch(
     python: Optional[str] = typer.Option(None, "--python", help="The Python that runs mtpcli on every host (default: this one)."),
 ):
     """Run a command on every rank with MLX's launcher (mtpcli launch -n 2 -- generate ...); exits with the worst rank's status."""
-    from . import distributed
+    from .distributed.launch import launch as run_launch
 
     args = list(ctx.args)
     extra = []
@@ -126,7 +127,7 @@ def launch(
     if args and args[0] == "--":
         args.pop(0)
     commands = {c.name or c.callback.__name__ for c in app.registered_commands}
-    raise typer.Exit(distributed.launch(n, hosts, hostfile, backend, python, extra, args, commands))
+    raise typer.Exit(run_launch(n, hosts, hostfile, backend, python, extra, args, commands))
 
 
 @app.command()
@@ -164,10 +165,10 @@ def stats(
 @profile_app.command("list")
 def profile_list():
     """Profiles: name, file, description; * marks the default."""
-    default = profiles.default_name()
-    for name, path in profiles.available().items():
+    default = config.default_name()
+    for name, path in config.available().items():
         try:
-            desc = profiles.load(name).description
+            desc = config.load(name).description
         except MtpError as e:
             desc = f"(invalid: {e})"
         print(f"{'*' if name == default else ' '} {name:<16} {desc}  [{path}]")
@@ -177,11 +178,11 @@ def profile_list():
 def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (default: the chosen one)."),
                  origin: bool = typer.Option(False, "--origin", help="Say where each value came from.")):
     """The resolved settings of a profile (flag > env > profile > default)."""
-    s = profiles.resolve(name or _global["profile"], {})
-    print(f"# profile: {s.profile}")
-    for key, value in s.values.items():
-        line = f"{key} = {_toml(value)}"
-        print(f"{line:<40} # {s.origins[key]}" if origin else line)
+    cfg = config.resolve(name or _global["profile"], {})
+    print(f"# profile: {cfg.profile}")
+    for key in SCHEMA:
+        line = f"{key} = {_toml(getattr(cfg, key))}"
+        print(f"{line:<40} # {cfg.origins[key]}" if origin else line)
 
 
 def _toml(v) -> str:
@@ -197,7 +198,7 @@ def _toml(v) -> str:
 @profile_app.command("use")
 def profile_use(name: str):
     """Make NAME the default profile (stored in $XDG_CONFIG_HOME/mtpcli/config.toml)."""
-    path = profiles.set_default(name)
+    path = config.set_default(name)
     print(f"default profile: {name} ({path})", file=sys.stderr)
 
 
@@ -205,9 +206,9 @@ def profile_use(name: str):
 def profile_validate(names: Optional[List[str]] = typer.Argument(None, help="Names or .toml paths (default: all).")):
     """Check profiles; exit 2 if any is invalid."""
     failed = 0
-    for name in names or list(profiles.available()):
+    for name in names or list(config.available()):
         try:
-            p = profiles.load(name)
+            p = config.load(name)
             print(f"ok      {p.name} ({p.path})")
         except MtpError as e:
             failed += 1
@@ -218,9 +219,9 @@ def profile_validate(names: Optional[List[str]] = typer.Argument(None, help="Nam
 @profile_app.command("path")
 def profile_path():
     """Where profiles and the default-profile setting live."""
-    print(f"shipped: {profiles.SHIPPED_DIR}")
-    print(f"user:    {profiles.user_dir()}")
-    print(f"config:  {profiles.config_file()}")
+    print(f"shipped: {config.SHIPPED_DIR}")
+    print(f"user:    {config.user_dir()}")
+    print(f"config:  {config.config_file()}")
 
 
 @app.command("bench")

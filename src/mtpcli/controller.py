@@ -1,9 +1,10 @@
 """Draft width policies. Pure: no model, no arrays; they see only drafted/accepted counts.
 
-Every policy shares one batch API: `plan(contexts)` returns (source, width), ONE width for the whole batch this
-cycle (source None: the engine's one drafter; policy.AutoPolicy also names the source), and
-`update(drafted, accepted, seconds, source)` takes, for every member, the number of tokens it REALLY drafted (after a
-confidence floor may have cut the draft short) and how many of those the target accepted.
+Every policy shares one batch API (`WidthPolicy`): `plan(contexts)` returns a `Plan`, ONE source and width for the
+whole batch this cycle (source None: the engine's one drafter; policy.AutoPolicy also names the source), and
+`update(drafted, accepted, seconds, source, ...)` takes, for every member, the number of tokens it REALLY drafted
+(after a confidence floor may have cut the draft short) and how many of those the target accepted. What a policy
+can do beyond that it declares (`observes`: it wants the target's confidence at the committed tokens).
 """
 
 from __future__ import annotations
@@ -13,15 +14,51 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 
+class Plan(tuple):
+    """(source, width): the source that drafts (None: the engine's one drafter, or a plain step at width 0) and the
+    width; `stop` (keep, go_on, shifts): where a draft that stops itself stops (drafters.autoregress), or None."""
+
+    def __new__(cls, source: str | None, width: int, stop: tuple | None = None):
+        plan = super().__new__(cls, (source, width))
+        plan.stop = stop
+        return plan
+
+    source = property(lambda self: self[0])
+    width = property(lambda self: self[1])
+
+
 def _round(x: float) -> int:
     return math.floor(x + 0.5)  # half up, not Python's banker's rounding
 
 
 class WidthPolicy:
-    """One source, a width per cycle."""
+    """One source, a width per cycle; per-member state in the lists named in `members`."""
 
-    def plan(self, contexts=None) -> tuple[str | None, int]:
-        return None, self.width()
+    observes = False  # wants observe(confidences): the target's largest probability at each committed token
+    members: tuple[str, ...] = ("history",)
+    batch: int = 1
+
+    def plan(self, contexts=None) -> Plan:
+        return Plan(None, self.width())
+
+    def start(self, batch: int, law: str) -> None:
+        """A run of `batch` rows under the law named (greedy, exact or typical) begins."""
+        self.batch = batch
+        self.reset()
+
+    def keep(self, members: Sequence[int]) -> None:
+        """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
+        leave the batch, and their estimates stop counting towards the shared width."""
+        for name in self.members:
+            values = getattr(self, name)
+            setattr(self, name, [values[m] for m in members])
+        self.batch = len(members)
+
+    def observe(self, confidences) -> None:
+        pass
+
+    def estimate(self, member: int = 0) -> float | None:
+        return None
 
 
 @dataclass
@@ -50,9 +87,6 @@ class FixedWidth(WidthPolicy):
         for member, n in enumerate(drafted):
             self.history[member].append(n)
 
-    def estimate(self, member: int = 0) -> float | None:
-        return None
-
 
 @dataclass
 class EmaController(WidthPolicy):
@@ -73,6 +107,7 @@ class EmaController(WidthPolicy):
     batch: int = 1
     estimates: list[float] = field(default_factory=list)
     history: list[list[int]] = field(default_factory=list)
+    members = ("estimates", "history")
 
     def __post_init__(self):
         if self.n_min < 1:
@@ -133,9 +168,10 @@ class CostAwareController(WidthPolicy):
     prior_weight: float = 2.0
     batch: int = 1
     history: list[list[int]] = field(default_factory=list)
+    members = ("counts", "history")
 
     def __post_init__(self):
-        if self.n_min < 1 or self.n_min > self.n_max:
+        if self.n_min < 1 or self.n_max < self.n_min:
             raise ValueError(f"need 1 <= n_min ({self.n_min}) <= n_max ({self.n_max})")
         self.reset()
 
@@ -194,16 +230,3 @@ class CostAwareController(WidthPolicy):
 
     def estimate(self, member: int = 0) -> float:
         return self.expected_tokens(self.width(), member) - 1.0
-
-
-def keep_members(controller, members: Sequence[int]) -> None:
-    """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
-    leave the batch, and their estimates stop counting towards the shared width."""
-    for name in ("estimates", "history", "counts", "points", "shadow", "contexts", "offs", "conf"):
-        if hasattr(controller, name):
-            values = getattr(controller, name)
-            setattr(controller, name, [values[m] for m in members])
-    for name in ("_shifts", "_row_shifts"):  # cached per member
-        if hasattr(controller, name):
-            setattr(controller, name, {})
-    controller.batch = len(members)

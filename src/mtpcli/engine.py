@@ -1,18 +1,19 @@
 """The decode engine: requests in, events out; one prompt is a batch of one row.
 
-Each cycle: plan ONE source and width for the batch (controller), propose (drafter), one target pass over every row, one
-acceptance law, one host sync, commit, roll back. Rows that finish are refilled from the queue; when it is empty
-they leave the batch. A row draws only with its own keys (the same schedule whatever its neighbours), so at a
-fixed width a row gives exactly the tokens it gives alone. Plain steps (width 0) are launched before the previous
-one is read back, so the device computes step t+1 while the host handles step t, as mlx-lm's own loop does; under a
-policy too (draft = auto, one row), where it plans another plain step from the tokens committed before the one in
-flight (a choice that depends on committed tokens only, as every choice).
+`Engine.cycle` is the algorithm, for the whole batch: plan ONE source and width (the policy), propose (the drafter),
+one target pass over every row, the law, one host sync, commit, roll back. Rows that finish are refilled from the
+queue; when it is empty they leave the batch. A row draws only with its own keys (the same schedule whatever its
+neighbours), so at a fixed width a row gives exactly the tokens it gives alone. Beside the cycle, as parts of their
+own: the overlap (a plain step is launched before the previous one is read back, so the device computes step t+1
+while the host handles step t, as mlx-lm's own loop does), the clock (the seconds each cycle is charged), and the
+peer (the ranks of a sharded target; a pass-through in one process).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -21,10 +22,12 @@ import numpy as np
 
 from . import verify
 from .cache import LM
-from .controller import FixedWidth, keep_members
+from .controller import FixedWidth, Plan
 from .drafters import NoDraft, empty
-from .sampling import SamplingParams, shaped
+from .sampling import SamplingParams
 from .stats import RunStats
+
+PLAIN = Plan(None, 0)
 
 
 @dataclass(frozen=True)
@@ -42,31 +45,9 @@ class DecodeConfig:
             return "greedy"
         return "typical" if self.typical_threshold > 0 else "exact"
 
-
-def judge(cfg: DecodeConfig, logits: mx.array, drafts: mx.array, q: mx.array | None, keys: list,
-          lengths: list[int], full: bool = False) -> tuple[verify.Verdict, list[mx.array], mx.array | None]:
-    """The configured acceptance law on one verify pass (B rows). For the typical law also, per row, the entropy and
-    the floor summed over the positions its test reached (for the statistics); [] for the other laws. Last, whether
-    the target's p was found by the partial selection (sampling.shaped): where it was not, the caller judges again
-    with full=True, with the same keys (so the same draws), before using the verdict."""
-    sp = cfg.sampling
-    if all(n == drafts.shape[1] for n in lengths):
-        lengths = None  # every row drafted the full width: no padding to mask
-    if cfg.law == "greedy":
-        if drafts.shape[1] == 0:  # a plain step: the argmax, in as few device operations as mlx-lm's loop
-            return verify.Verdict(mx.zeros(len(keys), mx.int32), mx.argmax(logits[:, -1], axis=-1)), [], None
-        return verify.greedy(logits, drafts, lengths), [], None
-    p, complete = shaped(logits, sp, full)
-    if complete is not None and lengths is not None:  # positions past a row's draft and bonus are not used
-        complete = complete | (mx.arange(drafts.shape[1] + 1)[None] > mx.array(lengths)[:, None])
-    complete = None if complete is None else complete.all()
-    if cfg.law == "exact":
-        return verify.exact(p, q, drafts, keys, lengths), [], complete
-    v = verify.typical(p, drafts, keys, cfg.typical_threshold, cfg.typical_eps, lengths)
-    pos = mx.arange(drafts.shape[1])[None]
-    reached = (pos <= v.n_accepted[:, None]) & (pos < (drafts.shape[1] if lengths is None else mx.array(lengths)[:, None]))
-    k = drafts.shape[1]
-    return v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)], complete
+    def judge(self, logits, drafts, q, keys, lengths, full: bool = False) -> verify.Judged:
+        return verify.judge(self.sampling, self.typical_threshold, self.typical_eps, logits, drafts, q, keys,
+                            lengths, full)
 
 
 @dataclass
@@ -97,34 +78,75 @@ class Row:
 
 
 @dataclass
-class Cycle:
-    """A launched cycle: what the device will answer, for the rows it was launched for."""
+class Flight:
+    """A cycle whose pass is on the device and not read back yet."""
     rows: list[Row]
-    width: int
-    lengths: list[int]
-    requested: list[int]
-    drafts: mx.array
-    verdict: verify.Verdict
-    sums: list[mx.array]
-    before: np.ndarray
+    plan: Plan
+    keys: list  # the rows' keys before the cycle split them (restored if it is undone)
     t0: float
-    source: str | None = None  # the source that drafted (None: a plain step)
-    planned: str | None = None  # the source asked to draft (a confidence floor may have cut every row to 0)
-    complete: mx.array | None = None  # False: judge again with the full sort (`redo`)
-    redo: tuple = ()  # what judging again needs: logits, q, keys
-    keys: list = field(default_factory=list)  # the rows' keys before this cycle split them
-    redone: bool = False
-    plan: tuple | None = None  # (source, width) planned at its launch from its contexts; None if planned before
-    chances: list | None = None  # what the source estimated of each drafted token (Draft.chances)
-    chained: bool = False  # launched before the previous cycle was read
-    # seconds its launch waited on the device, and those the launch of the next cycle waited while this one was
-    # unread: where a launch itself computes (MLX on a CPU: async_eval returns once most of the pass is done),
-    # the time between two reads holds the next step's pass, not this one's; each cycle is charged its own
-    # (on a GPU async_eval returns at once: nothing is lent)
-    launch_s: float = 0.0
-    lent: float = 0.0
-    timed: bool = True  # its seconds are its own pass (not a relaunch charged the pass a redo undid): fitted
-    conf: mx.array | None = None  # (B, k+1) the target's largest probability at temperature 1 (controller.observe)
+    reuse: Plan | None = None  # its plan, when made from the contexts it was launched with
+    width: int = 0
+    before: np.ndarray | None = None  # the target's positions before its pass
+    token: mx.array | None = None  # (B,) each row's next token, on the device
+    rest: Iterator | None = None  # the rest of the cycle: host sync, commit, roll back
+    redone: bool = False  # judged again (a nucleus past the partial selection): its token may have changed
+    launch_s: float = 0.0  # seconds its launch took (see Clock)
+    lent: float = 0.0  # seconds of the next cycle's launch spent while this one was unread
+    timed: bool = True  # its seconds are its own pass (not a relaunch charged the pass a redo undid)
+
+
+class Clock:
+    """Charges each cycle its own seconds. Plain steps launched ahead overlap: each moment is counted once, and each
+    launch for the cycle it launched. Where a launch itself computes (MLX on a CPU: async_eval returns once most of
+    the pass is done) the time between two reads holds the next step's pass, not this one's; on a GPU a launch
+    returns at once and nothing is lent."""
+
+    def __init__(self):
+        self.last = time.perf_counter()  # the last read (or refill)
+
+    @contextmanager
+    def launching(self, f: Flight):
+        t = time.perf_counter()
+        yield
+        f.launch_s = time.perf_counter() - t
+
+    def charge(self, f: Flight) -> float:
+        now = time.perf_counter()
+        seconds = now - max(f.t0, self.last) - f.lent + min(f.launch_s, max(self.last - f.t0, 0.0))
+        self.last = now
+        return max(seconds, 0.0)
+
+    def unread(self, f: Flight) -> None:
+        """A step launched ahead for rows that finished meanwhile: its pass (where the launch ran it, lent by the
+        step before) is the run's."""
+        for r in f.rows:
+            r.run.decode_s += min(f.launch_s, max(self.last - f.t0, 0.0))
+
+    def restart(self) -> None:
+        self.last = time.perf_counter()
+
+
+class Alone:
+    """The peer of a target in one process: every call passes through (distributed.sharded.Peer: several ranks)."""
+
+    lookahead = True  # a policy's plain steps may be launched ahead
+    redo = True  # a verdict may be judged again after a step was launched ahead of it (and that step undone)
+
+    def share_draft(self, draft, source):
+        return draft, source
+
+    def judged(self, judged: verify.Judged, logits) -> verify.Judged:
+        return judged
+
+    def verdict(self, judged: verify.Judged, width: int) -> tuple[list[int], list[int]]:
+        tok = judged.verdict.token.tolist()
+        return (judged.verdict.n_accepted.tolist() if width else [0] * len(tok)), tok
+
+    def prefill(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
 
 
 class KeyChains:
@@ -146,23 +168,28 @@ class KeyChains:
                 return sub
 
 
-class Engine:
-    link = None  # distributed.Link: a target sharded over several processes (rank 0 drafts and judges)
+def confidence(logits: mx.array) -> mx.array:
+    """(B, k+1) the target's largest probability at temperature 1 (what a policy observes)."""
+    top = logits if logits.dtype == mx.float32 else logits.astype(mx.float32)  # (no copy on a CPU)
+    return mx.exp(top.max(axis=-1) - mx.logsumexp(top, axis=-1))
 
-    def __init__(self, model, drafter=None, controller=None, eos_token_ids=(), config=DecodeConfig(),
-                 batch_size: int = 1):
+
+class Engine:
+    def __init__(self, model, drafter=None, policy=None, eos_token_ids=(), config=DecodeConfig(),
+                 batch_size: int = 1, peer=None):
         self.drafter = drafter or NoDraft()
         self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden)
         if self.drafter.speculates:
             self.target.require_rollback()  # refused before any decoding, not at the first rejection
-        self.controller = controller or FixedWidth(0)
+        self.policy = policy or FixedWidth(0)
+        self.peer = peer or Alone()
         self.eos, self.cfg = set(eos_token_ids), config
         limits = [batch_size] + [m for m in (self.drafter.max_rows, 1 if self.target.one_row else None) if m]
         self.batch_size = max(1, min(limits))
         self.runs: dict[int, RunStats] = {}  # request index -> its statistics
         self.cycles, self.wall_s = 0, 0.0
         self.rows: list[Row] = []
-        self._t_last = 0.0
+        self.clock = Clock()
         self._key = KeyChains()
 
     @property
@@ -178,44 +205,139 @@ class Engine:
         for part in (self.target, self.drafter):
             part.keep_rows([])
             part.add_rows(n)
-        self.controller.batch = n
-        if hasattr(self.controller, "watching"):  # a plain step's token is no test of a draft's under typical
-            self.controller.watching = self.cfg.law != "typical"
-        self.controller.reset()
+        self.policy.start(n, self.cfg.law)
         self.rows = [self._start(b, queue) for b in range(n)]
-        pending = None
+        flight = None
         try:
-            while self.rows or pending:
-                going = any(r.generated + 1 < r.req.max_tokens for r in self.rows)  # past the step in flight
-                plan = self._chain(pending) if going else None
-                chain = plan is not None
-                nxt = self._launch(pending, plan) if chain else None
-                if nxt is not None:
-                    pending.lent += nxt.launch_s
-                if pending is not None:
-                    yield from self._complete(pending)
-                    if nxt is not None and pending.redone:  # nxt started from a token the redo replaced
-                        self._discard(nxt)
-                        lost, nxt = nxt.launch_s, self._launch(None, plan)
-                        nxt.lent -= lost  # the pass undone was lent by `pending`: this one is charged it
-                        nxt.timed = False  # (so its seconds are two passes: not a plain step's cost)
+            while self.rows or flight:
+                ahead = self._ahead(flight)  # the overlap: a plain step to launch while `flight` is on the device
+                nxt = self._launch(ahead, after=flight) if ahead else None
+                if flight is not None:
+                    flight.lent += nxt.launch_s if nxt else 0.0
+                    yield from flight.rest
+                    if nxt is not None and flight.redone:  # nxt started from a token the redo replaced
+                        nxt = self._relaunch(nxt)
                     self._refill(queue)
-                    self._t_last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
-                pending = nxt if chain else (self._launch(None) if self.rows else None)
-            if self.link:
-                self.link.flush()
+                    self.clock.restart()  # a refill's prefill is its own row's, not decode time
+                flight = nxt or (self._launch(self._plan(), fresh=True) if self.rows else None)
+            self.peer.end()
         finally:
             self.wall_s = time.perf_counter() - t_start
 
+    def cycle(self, plan: Plan, after: Flight | None = None) -> Iterator:
+        """ONE cycle of the batch: propose, one target pass, the law, one host sync, commit, roll back. It yields its
+        Flight once the pass is launched (a plain step may be launched after it before it is read: `after`, whose
+        tokens are still on the device), then the events of what it committed."""
+        rows, cfg = list(self.rows), self.cfg
+        f = Flight(rows, plan, [r.key for r in rows], time.perf_counter())
+        keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
+        caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
+        contexts = [r.context for r in rows]
+        draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) else \
+            empty(caps)
+        draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
+        if draft.k:
+            self.target.checkpoint()  # recurrent layers: the state to roll back to
+        f.before, f.width = self.target.pos.copy(), draft.k
+        logits = self.target.forward(mx.concatenate([self._last(rows, after)[:, None], draft.tokens], axis=1))
+        # plain decoding launches every step ahead: judged in full where such a step could not be undone
+        full = not self.drafter.speculates and (self.target.one_row or not self.peer.redo)
+        law_keys = [k[1] for k in keys]
+        judged = self.peer.judged(cfg.judge(logits, draft.tokens, draft.q, law_keys, draft.lengths, full), logits)
+        conf = confidence(logits) if self.drafter.speculates and self.policy.observes else None
+        with self.clock.launching(f):
+            mx.async_eval(judged.verdict.n_accepted, judged.verdict.token, draft.tokens, *judged.sums,
+                          *[x for x in (judged.complete, conf) if x is not None])
+        f.token = judged.verdict.token
+        yield f
+        if all(r.done for r in rows):  # launched ahead for rows that finished meanwhile: not read
+            return self.clock.unread(f)
+        if judged.complete is not None and not judged.complete.item():  # rare: a nucleus past the partial selection
+            judged, f.redone = cfg.judge(logits, draft.tokens, draft.q, law_keys, draft.lengths, True), True
+        n_acc, tok = self.peer.verdict(judged, draft.k)  # THE host sync (rank 0's verdict on every rank)
+        if draft.k:
+            self.target.truncate(f.before + np.array(n_acc) + 1)  # roll back what the law rejected
+        drafted = draft.tokens.tolist() if draft.k else [[]] * len(rows)
+        news = [d[:n] + [t] for d, n, t in zip(drafted, n_acc, tok)]
+        for ctx, new in zip(contexts, news):
+            ctx.extend(new)
+        seconds = self.clock.charge(f)
+        if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
+            self.drafter.commit(contexts, n_acc, self.target.hidden)
+            self.policy.update(draft.lengths, n_acc, seconds=seconds if f.timed else None,
+                               source=plan.source if max(caps) else None, requested=draft.requested,
+                               chances=draft.chances, chained=after is not None)
+            if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
+                self.policy.observe([cs[: n + 1] for cs, n in zip(conf.tolist(), n_acc)])
+        self.cycles += 1
+        sums = [x.tolist() for x in judged.sums]
+        for b, r in enumerate(rows):
+            if not r.done:  # a row that finished while this step was in flight: its step is dropped
+                yield from self._record(r, source if draft.k else None, draft.lengths[b], draft.requested[b],
+                                        n_acc[b], news[b], seconds, [x[b] for x in sums], b)
+
+    # ---- the parts around the cycle --------------------------------------------------------------------------
+    def _launch(self, plan: Plan, after: Flight | None = None, fresh: bool = False) -> Flight:
+        rest = self.cycle(plan, after)
+        f = next(rest)
+        f.rest, f.reuse = rest, plan if fresh else None
+        return f
+
+    def _plan(self) -> Plan:
+        """The source is the drafter's own unless the policy chooses among several; width 0 is a plain step."""
+        if not self.drafter.speculates:
+            return PLAIN
+        plan = self.policy.plan([r.context for r in self.rows])
+        return Plan(plan.source or self.drafter.name, plan.width, plan.stop) if plan.width else PLAIN
+
+    def _ahead(self, f: Flight | None) -> Plan | None:
+        """The plan of a plain step to launch while plain step `f` is in flight, or None: always without a drafter;
+        under a policy, when it plans one from the committed tokens (one row of one process, no hidden states to
+        hand a drafter, a target that can undo a step)."""
+        if f is None or f.width or not any(r.generated + 1 < r.req.max_tokens for r in self.rows):
+            return None
+        if not self.drafter.speculates:
+            return PLAIN
+        if not self.peer.lookahead or len(self.rows) != 1 or self.drafter.needs_hidden or self.target.one_row:
+            return None
+        plan = f.reuse or self._plan()  # a step launched on its own was planned from these very contexts
+        return plan if plan.width == 0 else None
+
+    def _relaunch(self, f: Flight) -> Flight:
+        """Undo a plain step launched ahead (its cache entries and its keys) and launch it again from the redone
+        token; it is charged the pass it undid, so its seconds are two passes: not a plain step's cost."""
+        self.target.truncate(f.before)
+        for r, key in zip(f.rows, f.keys):
+            r.key = key
+        again = self._launch(f.plan)
+        again.lent -= f.launch_s
+        again.timed = False
+        return again
+
+    def _split(self, r: Row) -> tuple:
+        r.key, draft_key, law_key = mx.random.split(r.key, 3)
+        return draft_key, law_key
+
+    def _last(self, rows: list[Row], after: Flight | None) -> mx.array:
+        """Each row's last token: on the device for rows of a step still in flight, else its context's."""
+        at = {} if after is None else {id(r): i for i, r in enumerate(after.rows)}
+        idx = [at.get(id(r), -1) for r in rows]
+        if after is not None and idx == list(range(len(after.rows))):  # the same rows: their tokens as they are
+            return after.token.astype(mx.int32)
+        last = mx.array([r.context[-1] for r in rows], dtype=mx.int32)
+        if at:  # rows in flight start from their device tokens, new rows from their prompts
+            token = after.token[mx.array([max(i, 0) for i in idx], dtype=mx.int32)]
+            last = mx.where(mx.array([i >= 0 for i in idx]), token, last).astype(mx.int32)
+        return last
+
     def _start(self, b: int, queue: deque) -> Row:
         t0 = time.perf_counter()
-        if self.link:  # every rank prefills the same rows: rank 0's verdict first
-            self.link.flush()
+        self.peer.prefill()  # every rank prefills the same rows: rank 0's verdict first
         req = queue.popleft()
         again = bool(queue) and queue[0].prompt == req.prompt  # -n: the next request prefills nothing
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
         self.drafter.start(b, req.prompt, hidden, keep=again)
-        self.controller.reset(b)
+        self.policy.reset(b)
         shared = self.target.reused
         run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
                        shared_prompt=shared)
@@ -234,129 +356,14 @@ class Engine:
         if len(live) < len(self.rows):  # nothing left to refill these rows with
             for b, row in enumerate(self.rows):
                 if row.done:  # (a policy learns what the row's pending drafts came to, as at a refill)
-                    self.controller.reset(b)
+                    self.policy.reset(b)
             self.rows = [self.rows[b] for b in live]
             for part in (self.target, self.drafter):
                 part.keep_rows(live)
-            keep_members(self.controller, live)
+            self.policy.keep(live)
 
-    def _chain(self, c: "Cycle | None") -> tuple[str | None, int] | None:
-        """The plan of a plain step to launch while plain step `c` is in flight, or None: always without a drafter;
-        under a policy, when it plans one from the committed tokens (one row in one process, no hidden states to
-        hand a drafter, a target that can undo a step)."""
-        if c is None or c.width:
-            return None
-        if not self.drafter.speculates:
-            return None, 0
-        if self.link or len(self.rows) != 1 or self.drafter.needs_hidden or self.target.one_row:
-            return None
-        # a step launched unchained was planned from these very contexts and counts: its plan holds
-        plan = c.plan or self._plan([r.context for r in self.rows])
-        return plan if plan[1] == 0 else None
-
-    def _plan(self, contexts: list[list[int]]) -> tuple[str | None, int]:
-        """(source, width): the source is the drafter's own unless the controller chooses among several."""
-        if not self.drafter.speculates:
-            return None, 0
-        source, width = self.controller.plan(contexts)
-        return (source or self.drafter.name) if width else None, width
-
-    def _launch(self, prev: Cycle | None, plan: tuple[str | None, int] | None = None) -> Cycle:
-        """Plan, propose and launch one target pass. With `prev` (a plain step still on the device), rows it
-        holds start from its tokens on the device, without waiting for them."""
-        t0 = time.perf_counter()
-        cfg, rows = self.cfg, self.rows
-        keys_before = [r.key for r in rows]
-        splits = [(None,) * 3 if cfg.sampling.greedy else mx.random.split(r.key, 3) for r in rows]
-        for r, s in zip(rows, splits):
-            r.key = s[0]  # (greedy decoding draws nothing: no keys)
-        contexts = [r.context for r in rows]
-        given = plan is not None  # (planned before, from older contexts)
-        source, width = plan or self._plan(contexts)
-        caps = [max(0, min(width, r.req.max_tokens - r.generated - 1)) for r in rows]
-        draft = empty(caps)
-        if max(caps) > 0:
-            draft = self.drafter.propose(contexts, caps, cfg.sampling, [s[1] for s in splits], source=source)
-        if self.link:  # rank 0's drafts on every rank
-            draft, source = self.link.share_draft(draft, source)
-        at = {} if prev is None else {id(r): i for i, r in enumerate(prev.rows)}
-        idx = [at.get(id(r), -1) for r in rows]
-        if prev is not None and idx == list(range(len(prev.rows))):  # the same rows: their tokens as they are
-            last = prev.verdict.token.astype(mx.int32)
-        else:
-            last = mx.array([c[-1] for c in contexts], dtype=mx.int32)
-            if at:  # rows still in flight start from their device tokens, new rows from their prompts
-                token = prev.verdict.token[mx.array([max(i, 0) for i in idx], dtype=mx.int32)]
-                last = mx.where(mx.array([i >= 0 for i in idx]), token, last).astype(mx.int32)
-        if draft.k:
-            self.target.checkpoint()  # recurrent targets: snapshot before the speculative tokens
-        before = self.target.pos.copy()
-        block = mx.concatenate([last[:, None], draft.tokens], axis=1) if draft.k else last[:, None]
-        logits = self.target.forward(block)  # (B, k+1, V)
-        keys = [s[2] for s in splits]
-        # a chained plain step that a redo replaces is undone (`_discard`); a recurrent target cannot undo one
-        full = self.target.one_row and not self.drafter.speculates
-        v, sums, complete = (self.link.judge if self.link else judge)(cfg, logits, draft.tokens, draft.q, keys,
-                                                                      draft.lengths, full)
-        conf = None
-        if self.drafter.speculates and hasattr(self.controller, "observe") and not self.link:  # a policy's evidence
-            top = logits if logits.dtype == mx.float32 else logits.astype(mx.float32)  # (no copy on a CPU)
-            conf = mx.exp(top.max(axis=-1) - mx.logsumexp(top, axis=-1))
-        t_eval = time.perf_counter()
-        mx.async_eval(v.n_accepted, v.token, draft.tokens, *sums, *([] if complete is None else [complete]),
-                      *([] if conf is None else [conf]))
-        t_eval = time.perf_counter() - t_eval
-        return Cycle(list(rows), draft.k, draft.lengths, draft.requested, draft.tokens, v, sums, before, t0,
-                     source=source if draft.k else None, planned=source if max(caps) > 0 else None, complete=complete,
-                     redo=(logits, draft.q, keys) if complete is not None else (), keys=keys_before,
-                     plan=None if given else (source, width), chances=draft.chances, chained=prev is not None,
-                     launch_s=t_eval, conf=conf)
-
-    def _discard(self, c: Cycle) -> None:
-        """Undo a launched plain step that was not read: its cache entries and its keys."""
-        self.target.truncate(c.before)
-        for r, key in zip(c.rows, c.keys):
-            r.key = key
-
-    def _complete(self, c: Cycle) -> Iterator[Event]:
-        """ONE host sync, then commit and roll back what the law rejected, and record."""
-        if all(r.done for r in c.rows):  # a plain step launched for rows that finished meanwhile: not awaited
-            for r in c.rows:  # (its pass, where the launch ran it, was lent by the step before: the run paid it)
-                r.run.decode_s += min(c.launch_s, max(self._t_last - c.t0, 0.0))
-            return
-        if c.complete is not None and not c.complete.item():  # rare: a nucleus past the partial selection
-            logits, q, keys = c.redo
-            c.verdict, c.sums, _ = judge(self.cfg, logits, c.drafts, q, keys, c.lengths, full=True)
-            c.redone = True
-        if self.link:  # rank 0's verdict on every rank
-            self.link.share_verdict(c)
-        tok = c.verdict.token.tolist()
-        n_acc, d = (c.verdict.n_accepted.tolist(), c.drafts.tolist()) if c.width else ([0] * len(tok), [[]] * len(tok))
-        sums = [x.tolist() for x in c.sums]
-        if c.width:
-            self.target.truncate(c.before + np.array(n_acc) + 1)
-        news = [d[b][: n_acc[b]] + [tok[b]] for b in range(len(c.rows))]
-        contexts = [r.context for r in c.rows]
-        for ctx, new in zip(contexts, news):
-            ctx.extend(new)
-        now = time.perf_counter()
-        # chained plain steps overlap: count each moment once, and each launch for the cycle it launched
-        seconds = max(now - max(c.t0, self._t_last) - c.lent + min(c.launch_s, max(self._t_last - c.t0, 0.0)), 0.0)
-        self._t_last = now
-        if self.drafter.speculates:  # (c.rows are the batch's rows: cycles are chained for one row only)
-            self.drafter.commit(contexts, n_acc, self.target.hidden)
-            self.controller.update(c.lengths, n_acc, seconds=seconds if c.timed else None, source=c.planned,
-                                   requested=c.requested, chances=c.chances, chained=c.chained)
-            if c.conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
-                self.controller.observe([cs[: n + 1] for cs, n in zip(c.conf.tolist(), n_acc)])
-        self.cycles += any(not r.done for r in c.rows)
-        for b, r in enumerate(c.rows):
-            if not r.done:  # a row that finished while this plain step was in flight: its step is dropped
-                yield from self._record(b, r, c.source, c.lengths[b], c.requested[b], n_acc[b], news[b], seconds,
-                                        [x[b] for x in sums], now)
-
-    def _record(self, b: int, r: Row, source: str | None, k: int, requested: int, n: int, new: list[int],
-                seconds: float, typical: list, now: float) -> Iterator[Event]:
+    def _record(self, r: Row, source: str | None, k: int, requested: int, n: int, new: list[int], seconds: float,
+                typical: list, b: int) -> Iterator[Event]:
         stop = next((i for i, t in enumerate(new) if t in self.eos), None)
         counted = new if stop is None else new[: stop + 1]  # nothing after an EOS counts
         run = r.run
@@ -365,13 +372,13 @@ class Engine:
         if typical:
             run.record_typical(min(n + 1, k), n, n < k, *typical)
         if run.ttft_s is None:
-            run.ttft_s = now - r.started
+            run.ttft_s = self.clock.last - r.started
         r.generated += len(counted)
         r.done = stop is not None or r.generated >= r.req.max_tokens
         if r.done:
             run.peak_memory_bytes = mx.get_peak_memory()
-            # (b indexes the controller's members only when cycles are not chained, i.e. when drafting)
-            run.controller_estimate = self.controller.estimate(b) if self.drafter.speculates else None
+            # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
+            run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
         if stop is not None:
             yield Event(r.req.index, new[:stop], "stop")
         elif r.done:

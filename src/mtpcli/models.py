@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,28 +42,30 @@ def resolve(name: str) -> Path | str:
 
 
 def load(name: str, role: str = "model") -> Loaded:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a Hub id loads from the local cache only
+    """Load with mlx-lm's public loaders; a checkpoint with MTP heads through its family's own classes with a
+    sanitize that drops the head's weights first (mlx-lm drops them for some layouts only)."""
     target = resolve(name)
     from mlx_lm import load as mlx_load
 
     spec = None
     try:
-        if isinstance(target, str):  # a Hub id: its local snapshot folder (offline)
-            from mlx_lm.utils import _download
+        if isinstance(target, str):  # a Hub id: its snapshot in the local cache, never the network
+            from huggingface_hub import snapshot_download
 
-            target = Path(_download(target))
-        if isinstance(target, Path):
-            from . import mtp
+            target = Path(snapshot_download(target, local_files_only=True))
+        from . import mtp
 
-            spec = mtp.find(target, read_config(target))
-        if spec is None:
+        spec = mtp.find(target, read_config(target))
+        if spec is None or read_config(target).get("model_type") not in mtp.SUPPORTED:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
-        else:  # mlx-lm drops MTP weights for some layouts only; make sure it does for all
-            from mlx_lm.utils import _get_classes, load_model, load_tokenizer
+        else:
+            import importlib
 
-            def classes(config):
-                model_class, args_class = _get_classes(config)
-                return mtp.strip_sanitize(model_class, spec), args_class
+            from mlx_lm.utils import load_model, load_tokenizer
+
+            def classes(config):  # the MTP families' modules are named after their model_type
+                family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+                return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
 
             model, config = load_model(target, get_model_classes=classes)
             tokenizer = load_tokenizer(target, eos_token_ids=config.get("eos_token_id", None))
@@ -73,7 +74,16 @@ def load(name: str, role: str = "model") -> Loaded:
         if isinstance(target, str):
             msg = f"not a local folder and not in the Hugging Face cache (offline): {msg}"
         raise ModelError(f"cannot load {role} '{name}': {msg}") from None
-    return Loaded(model, tokenizer, Path(target) if not isinstance(target, str) else None, name, config, spec)
+    return Loaded(model, tokenizer, Path(target), name, config, spec)
+
+
+def one_row(loaded: Loaded) -> bool:
+    """A target whose cache decodes one row at a time anyway (recurrent or opaque layers)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .cache import layer_kind
+
+    return any(layer_kind(c) in ("state", "native") for c in make_prompt_cache(loaded.model))
 
 
 def has_mtp(loaded: Loaded) -> bool:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +54,12 @@ class MtpSpec:
 
 def weight_keys(folder: Path | str) -> list[str]:
     """Tensor names of a safetensors checkpoint, read from the file headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
     keys = []
     for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors"))):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            keys += [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
+        with safe_open(f, framework="numpy") as fh:
+            keys += list(fh.keys())
     return keys
 
 

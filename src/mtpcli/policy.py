@@ -51,6 +51,8 @@ import numbers
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from .controller import Plan, WidthPolicy
+
 PRIOR_ACCEPT = 0.6  # prior acceptance per position before a source is seen on this machine
 EXPLORE = 0.3  # optimism added to a position's acceptance, / (1 + (times it was reached + the row's tests) / 2)
 DECAY = 0.99  # every cycle, every count: evidence older than ~100 cycles fades
@@ -334,8 +336,11 @@ class CostFit:
                      fixed)
 
 
-class AutoPolicy:
-    """The controller of `draft = auto`: plan(contexts) -> (source or None, width)."""
+class AutoPolicy(WidthPolicy):
+    """The policy of `draft = auto`: plan(contexts) -> Plan(source or None, width, stop)."""
+
+    observes = True
+    members = ("counts", "history", "points", "shadow", "contexts", "offs", "conf")
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
@@ -353,6 +358,7 @@ class AutoPolicy:
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops = set(stops)
         self.batch = batch
+        self.watching = True  # (off under typical acceptance: see watch)
         self.use(costs, warm)
         self.key = ""  # where the table is kept
 
@@ -371,7 +377,7 @@ class AutoPolicy:
             self.conf = [[0.0, 0.0] for _ in range(self.batch)]  # per row: the target's confidence, decayed sum, weight
             self.seen_conf = {s: [0.0, 0.0] for s in self.sources}  # per source: the rows' confidences summed, tests
             self.history = [[] for _ in range(self.batch)]
-            self.last: tuple[str | None, int] = (None, 0)
+            self.last = Plan(None, 0)
             self.scored = 0
             self.rate = self.best = 0.0  # tokens per second a row expects of the best plan (best: of the batch)
             self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
@@ -380,7 +386,6 @@ class AutoPolicy:
             self.seen_points: dict[str, list] = {s: [] for s in self.sources}
             self.tick = 0
             self.shadow = [{} for _ in range(self.batch)]  # per row: source -> (position, tokens, estimates)
-            self.watching = getattr(self, "watching", True)  # (off under typical acceptance: see watch)
             self.own_tokens: dict[str, list] = {}
             self.contexts: list = []  # the rows' contexts at the last plan (the lists themselves: they grow)
             self._shifts: dict[tuple[str, int], float] = {}
@@ -515,17 +520,25 @@ class AutoPolicy:
                 self.best = max(self.best, e / self.costs.time(s, max(caps)))
         return out
 
-    # ---- the controller API --------------------------------------------------------------------------
-    def plan(self, contexts: list) -> tuple[str | None, int]:
+    # ---- the policy API ------------------------------------------------------------------------------
+    def start(self, batch: int, law: str) -> None:
+        self.watching = law != "typical"  # a plain step's token is no test of a draft's under typical acceptance
+        super().start(batch, law)
+
+    def keep(self, members: Sequence[int]) -> None:
+        super().keep(members)
+        self._shifts, self._row_shifts = {}, {}  # cached per member
+
+    def plan(self, contexts: list) -> Plan:
         self.contexts = list(contexts)
         self.watch(contexts)
         if not self.warm and 1 <= self.fit.cycles() <= 3 and self.fit.plain_samples() < 3:
-            self.last = (None, 0)  # calibration (cold runs only): a plain step's time
+            self.last = Plan(None, 0)  # calibration (cold runs only): a plain step's time
             return self.last
         scores = self.scores(contexts)
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = self.best / len(contexts)  # the best a row expects, without optimism: tokens per second
-        self.last = (source, self.widest.get(source, self.n_max) if source in self.stops else k)
+        width = self.widest.get(source, self.n_max) if source in self.stops else k
         self.scored = k  # (the width it was scored at: what `estimate` reports)
         shadows = self.own_tokens if self.watching else {}  # (none under typical acceptance: see watch)
         for b, pending in enumerate(self.shadow):
@@ -534,6 +547,7 @@ class AutoPolicy:
             for s, tokens in shadows.items():
                 if tokens[b] and s not in pending and not (k and s == source):
                     pending[s] = (len(contexts[b]), tokens[b], self.own_estimates[s][b])
+        self.last = Plan(source, width, self.floor(source) if source in self.stops else None)
         return self.last
 
     def watch(self, contexts: list) -> None:

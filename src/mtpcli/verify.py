@@ -13,11 +13,11 @@ exactly what it would draw alone with k = lengths[b]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .sampling import sample
+from .sampling import SamplingParams, sample, shaped
 
 
 @dataclass
@@ -127,3 +127,34 @@ def typical(p: mx.array, draft: mx.array, key, threshold: float, eps: float = 1.
     real = _real(draft, None if lengths is None else mx.array(lengths))
     n = _prefix_length((_prob_of(p[:, :k], draft) > floor[:, :k]) & real)
     return Verdict(n, _sample_rows(_at(p, n), key), entropy=h, floor=floor)
+
+
+@dataclass
+class Judged:
+    verdict: Verdict
+    sums: list = field(default_factory=list)  # typical law: per row, entropy and floor summed over its tested positions
+    complete: mx.array | None = None  # False: a nucleus lay past the partial selection: judge again with full=True
+
+
+def judge(sp: SamplingParams, threshold: float, eps: float, logits: mx.array, drafts: mx.array, q: mx.array | None,
+          keys: list, lengths: list[int], full: bool = False) -> Judged:
+    """The configured law on one verify pass of B rows: greedy at T = 0, typical acceptance with a threshold, else
+    the exact law. Where the target's p came from the partial selection (sampling.shaped), `complete` says whether
+    it was exact; where not, the caller judges again with full=True and the same keys (so the same draws)."""
+    k = drafts.shape[1]
+    if all(n == k for n in lengths):
+        lengths = None  # every row drafted the full width: no padding to mask
+    if sp.greedy:
+        if k == 0:  # a plain step: the argmax, in as few device operations as mlx-lm's loop
+            return Judged(Verdict(mx.zeros(len(keys), mx.int32), mx.argmax(logits[:, -1], axis=-1)))
+        return Judged(greedy(logits, drafts, lengths))
+    p, complete = shaped(logits, sp, full)
+    if complete is not None and lengths is not None:  # positions past a row's draft and bonus are not used
+        complete = complete | (mx.arange(k + 1)[None] > mx.array(lengths)[:, None])
+    complete = None if complete is None else complete.all()
+    if threshold <= 0:
+        return Judged(exact(p, q, drafts, keys, lengths), [], complete)
+    v = typical(p, drafts, keys, threshold, eps, lengths)
+    pos = mx.arange(k)[None]
+    reached = (pos <= v.n_accepted[:, None]) & (pos < (k if lengths is None else mx.array(lengths)[:, None]))
+    return Judged(v, [(v.entropy[:, :k] * reached).sum(1), (v.floor[:, :k] * reached).sum(1)], complete)

@@ -1,15 +1,7 @@
-"""Draft sources, behind ONE batched protocol that the engine drives (one prompt is a batch of one row):
+"""Draft sources, behind ONE batched protocol that the engine drives (`Drafter`; one prompt is a batch of one row).
 
-    add_rows(n) / keep_rows(rows)            the batch grows, or keeps these rows in this order
-    start(row, prompt, hidden, keep)          a row begins a prompt (hidden: the target's prompt states;
-                                              keep: the next row to start has the same prompt, -n)
-    propose(contexts, caps, sp, keys, source) -> Draft    up to caps[b] tokens per row, row b drawing with
-                                              keys[b] (source: which of several sources drafts, auto only)
-    commit(contexts, n_accepted, hidden)      contexts already hold the committed tokens
-
-`max_rows` (None: any) caps the batch; `needs_hidden` asks the engine for the target's hidden states;
-`speculates` is False only for plain decoding. Whatever a drafter does, the exact law needs one thing of it:
-where a draft stops may depend on what was drafted before, never on the token it would draft next.
+Whatever a drafter does, the exact law needs one thing of it: where a draft stops may depend on what was drafted
+before, never on the token it would draft next.
 """
 
 from __future__ import annotations
@@ -19,6 +11,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..controller import Plan
 from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
 
@@ -124,25 +117,37 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), chances)
 
 
-class NoDraft:
-    """Plain autoregressive decoding through the same verify/commit path (k = 0)."""
+class Drafter:
+    """The protocol, with what a source declares about itself."""
 
     name = "none"
-    needs_hidden = False
-    speculates = False
-    max_rows = None
+    speculates = True  # False only for plain decoding
+    needs_hidden = False  # asks the engine for the target's hidden states
+    max_rows: int | None = None  # caps the batch (None: any)
+    stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
 
     def add_rows(self, n: int) -> None:
-        pass
+        """The batch grows by n rows."""
 
     def keep_rows(self, rows: list[int]) -> None:
-        pass
+        """The batch keeps these rows, in this order."""
 
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        pass
+        """A row begins a prompt (hidden: the target's prompt states; keep: the next row starts the same prompt)."""
 
-    def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
+    def available(self, contexts: list, k: int) -> list | None:
+        """What a deterministic source has for each row before drafting (a Lookahead or a count); None: unknown."""
+        return None
+
+    def propose(self, contexts, caps, sp, keys, plan: Plan | None = None) -> Draft:
+        """Up to caps[b] tokens for row b, drawn with keys[b]."""
         return empty(caps)
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
-        pass
+        """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
+
+
+class NoDraft(Drafter):
+    """Plain autoregressive decoding through the same verify/commit path (k = 0)."""
+
+    speculates = False

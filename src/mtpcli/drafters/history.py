@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from . import Draft, Lookahead, deterministic
+from . import Draft, Drafter, Lookahead, deterministic
 
 END, OUT, PAD = -1, -2, -3  # a document's end; where its output begins; before the start of a context
 LONG = 6  # the longer key: candidates that share the context's last 6 tokens, before those that share 2
@@ -163,11 +163,8 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
     return draft, probs
 
 
-class HistoryDrafter:
+class HistoryDrafter(Drafter):
     name = "history"
-    needs_hidden = False
-    speculates = True
-    max_rows = None
 
     def __init__(self, store, vocab: int | None = None):
         """`vocab`: the target's output size; a stored id past it (a model of the same tokenizer but a shorter
@@ -234,9 +231,6 @@ class HistoryDrafter:
         (what `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift), with its tokens."""
         return [Lookahead(*self.look(b, c, k)[::-1]) for b, c in enumerate(contexts)]
 
-    def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
+    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
         found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
         return deterministic([f[0] for f in found], [f[1] for f in found])
-
-    def commit(self, contexts, n_accepted, hidden=None) -> None:
-        pass

@@ -7,20 +7,18 @@ import numpy as np
 
 from ..cache import LM
 from ..sampling import SamplingParams
-from . import Draft, autoregress, empty
+from . import Draft, Drafter, autoregress, empty
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     name = "model"
-    needs_hidden = False
-    speculates = True
+    stops = True
 
     def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512):
         self.lm = LM(model, role="draft model", prefill_step=prefill_step)
         self.lm.require_rollback()  # refused before decoding, not at the first rejection
         self.max_rows = 1 if self.lm.one_row else None
         self.p_min = p_min
-        self.floor = (0.0, 0.0, None)  # draft = auto: (keep, go_on, shift), see autoregress
         self._proposed_from: list[int] = []
         self._fed = 0
 
@@ -34,7 +32,7 @@ class ModelDrafter:
         self.lm.set_row(row, prompt[:-1], keep)
         self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
 
-    def propose(self, contexts, caps, sp: SamplingParams, keys, source=None) -> Draft:
+    def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
         self._proposed_from, self._fed = [len(c) for c in contexts], 0
         if max(caps) == 0:
@@ -58,7 +56,7 @@ class ModelDrafter:
             self._fed += 1
             return self.lm.forward(*block, last=True)[:, -1]
 
-        return autoregress(step, caps, sp, keys, self.p_min, *self.floor)
+        return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         if self._fed:  # the cache holds each row's old context, its pending tokens and fed-1 drafts

@@ -14,29 +14,22 @@ from mlx_lm.models.cache import KVCache
 
 from ..cache import split_model
 from ..sampling import SamplingParams
-from . import Draft, autoregress, empty
+from . import Draft, Drafter, autoregress, empty
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     name = "mtp"
     needs_hidden = True
-    speculates = True
     max_rows = 1
+    stops = True
 
     def __init__(self, head, target_model, p_min: float = 0.0, prefill_step: int = 512):
         inner, lm_head = split_model(target_model)
         self.head, self.embed, self.lm_head = head, inner.embed_tokens, lm_head
         self.p_min, self.prefill_step = p_min, prefill_step
-        self.floor = (0.0, 0.0, None)  # draft = auto: (keep, go_on, shift), see autoregress
         self.cache = KVCache()
         self.pending: tuple[list[mx.array], list[int]] | None = None  # committed pairs not yet in the cache
         self._committed = 0  # cache entries that are committed pairs (the rest are speculative)
-
-    def add_rows(self, n: int) -> None:
-        pass
-
-    def keep_rows(self, rows: list[int]) -> None:
-        pass
 
     def _run(self, hidden: mx.array, tokens):
         return self.head(hidden, mx.array(tokens, dtype=mx.int32).reshape(1, -1), self.embed, self.lm_head,
@@ -54,7 +47,7 @@ class MtpDrafter:
             self.pending = ([hidden[:, n - 1 :]], prompt[n : n + 1])
         self._committed = self.cache.offset
 
-    def propose(self, contexts, caps, sp: SamplingParams, keys, source=None) -> Draft:
+    def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         if caps[0] == 0 or self.pending is None:
             return empty([0] * len(caps) if self.pending is None else caps)  # no pair yet: nothing was asked
         parts, tokens = self.pending
@@ -73,7 +66,7 @@ class MtpDrafter:
             h, logits = self._run(hidden, tokens) if t is None else self._run(h[:, -1:], t)
             return logits[:, -1]
 
-        return autoregress(step, caps, sp, keys, self.p_min, *self.floor)
+        return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
 
     def commit(self, contexts, n_accepted, hidden: mx.array | None = None) -> None:
         """Cut the speculative entries; the new pairs are the verified positions 0..n_accepted with the

@@ -14,7 +14,7 @@ code by ~14%): better an n-gram draft skipped than one verified for nothing.
 
 from __future__ import annotations
 
-from . import Draft, Lookahead, deterministic
+from . import Draft, Drafter, Lookahead, deterministic
 
 MAX_MATCH = 32  # longest true match measured
 # bench/ngram_calibrate.py (the standard library and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
@@ -60,11 +60,8 @@ class Index:
         return draft, estimates(found[1], len(draft))
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
-    needs_hidden = False
-    speculates = True
-    max_rows = None
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -87,9 +84,6 @@ class NgramDrafter:
         where there is no match."""
         return [Lookahead(*ix.look(c, k)[::-1]) for ix, c in zip(self.rows, contexts)]
 
-    def propose(self, contexts, caps, sp, keys, source=None) -> Draft:
+    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
         found = [ix.look(c, k) if k > 0 else ([], []) for ix, c, k in zip(self.rows, contexts, caps)]
         return deterministic([f[0] for f in found], [f[1] for f in found])
-
-    def commit(self, contexts, n_accepted, hidden=None) -> None:
-        pass

@@ -1,0 +1,150 @@
+"""From a settled Config and the loaded models to an Engine: the draft sources, the width policy (auto's decides
+with this machine's kept cost table, and keeps what the run measured for the next), the decode settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import models
+from .config import AUTO_N_MAX, Config
+from .controller import CostAwareController, EmaController, FixedWidth, WidthPolicy
+from .drafters import Drafter, NoDraft
+from .engine import DecodeConfig, Engine
+from .policy import AutoPolicy, Costs, prior_costs
+from .sampling import SamplingParams
+
+
+def decode_config(cfg: Config) -> DecodeConfig:
+    return DecodeConfig(SamplingParams(cfg.temp, cfg.top_p, cfg.top_k, cfg.min_p), cfg.max_tokens, cfg.seed,
+                        cfg.typical_threshold, cfg.typical_eps, cfg.prefill_step)
+
+
+def width_policy(cfg: Config) -> WidthPolicy:
+    """One source's width: fixed, or adaptive (the censoring-aware EMA, or the cost-aware controller)."""
+    if cfg.draft == "none":
+        return FixedWidth(0)
+    if cfg.adaptive and cfg.controller == "cost":
+        return CostAwareController(cfg.n_min, cfg.n_max)
+    if cfg.adaptive:
+        return EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init)
+    return FixedWidth(cfg.num_draft_tokens)
+
+
+def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False):
+    """The history store of this tokenizer (history.Store; the history drafter reads it); None when it is off."""
+    from . import history
+
+    if not cfg.history:
+        return None
+    return history.Store(history.tokenizer_key(target.tokenizer), str(cfg.model),
+                         max(1, int(cfg.history_max_mb * (1 << 20))), keep_prompts)
+
+
+def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store) -> Drafter:
+    from .drafters.history import HistoryDrafter
+    from .drafters.model import ModelDrafter
+    from .drafters.mtp import MtpDrafter
+    from .drafters.ngram import NgramDrafter
+
+    if kind == "ngram":
+        return NgramDrafter(cfg.ngram_min, cfg.ngram_max)
+    if kind == "history":
+        return HistoryDrafter(store, models.output_size(target))
+    if kind == "mtp":
+        return MtpDrafter(models.mtp_head(target), target.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+    return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+
+
+def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1,
+           store=None) -> Engine:
+    """The engine of a settled configuration (config.settle)."""
+    if cfg.history and store is None:
+        store = open_history(cfg, target)
+    if cfg.draft == "auto":
+        from .drafters.auto import AutoDrafter
+
+        drafter = AutoDrafter({k: source(k, cfg, target, draft, store) for k in cfg.sources})
+        policy = auto_policy(cfg, target, draft, drafter)
+    else:
+        drafter = NoDraft() if cfg.draft == "none" else source(cfg.draft, cfg, target, draft, store)
+        policy = width_policy(cfg)
+    eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size)
+    if isinstance(policy, AutoPolicy):
+        use_kept_costs(policy, costs_key(cfg, eng.batch_size))
+    return eng
+
+
+def _params(model) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(x.size for _, x in tree_flatten(model.parameters()))
+
+
+def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter) -> AutoPolicy:
+    """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
+    import mlx.core as mx
+
+    names = list(drafter.sources)
+    ratio = {}
+    if "model" in names:
+        ratio["model"] = _params(draft.model) / _params(target.model)
+    if "mtp" in names:
+        ratio["mtp"] = _params(models.mtp_head(target)) / _params(target.model)
+    prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
+    stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
+    return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops)
+
+
+def costs_key(cfg: Config, batch_size: int) -> str:
+    """Cycle costs are kept per target, draft model, machine, sampling (greedy or not) and batch size bucket."""
+    import platform
+
+    import mlx.core as mx
+
+    info = mx.device_info()
+    bucket = 1 << (max(batch_size, 1).bit_length() - 1)
+    return "|".join([str(cfg.model), str(cfg.draft_model or "-"), platform.node(), str(mx.default_device()),
+                     str(info.get("device_name", "")), "greedy" if cfg.temp == 0 else "sampled", f"B{bucket}"])
+
+
+def _kept(value) -> Costs | None:
+    try:
+        return Costs.from_dict(value) if value is not None else None
+    except Exception:  # noqa: BLE001 - a table of another shape: the prior instead, the log left as it is
+        return None
+
+
+def use_kept_costs(policy: AutoPolicy, key: str) -> None:
+    """Decide with the table earlier runs kept under `key`, if there is one (sources it lacks: from the prior)."""
+    from . import runlog
+
+    policy.key = key
+    kept = _kept(runlog.load_costs(key))
+    if kept is not None:
+        prior = policy.costs
+        kept.per_token = {n: kept.per_token.get(n, prior.per_token[n] * kept.plain) for n in policy.sources}
+        policy.use(kept, warm=True)
+
+
+def remember_costs(eng: Engine, log: bool = True) -> dict[str, Any] | None:
+    """After a run under draft = auto: keep what it measured for the next run (see policy.Costs.settled)."""
+    from . import runlog
+
+    policy = eng.policy
+    if not isinstance(policy, AutoPolicy):
+        return None
+    measured = policy.measured()
+    info = {"sources": policy.sources, "costs": policy.costs.to_dict(), "warm": policy.warm,
+            "measured": measured.to_dict() if measured else None}
+    if measured is not None and log:
+        def settle(current):  # against the table as it is now: another run may have changed it meanwhile
+            base = _kept(current)
+            if base is None:
+                return measured.to_dict() if not policy.warm or current is None else None
+            kept = base.settled(measured)
+            return None if kept is base else kept.to_dict()
+        runlog.update_costs(policy.key, settle)
+    return info
+
+
+__all__ = ["AUTO_N_MAX", "decode_config", "engine", "open_history", "remember_costs", "width_policy"]

@@ -1,0 +1,345 @@
+"""Settings: ONE schema (the fields of `Config`), TOML profiles, precedence flag > env > profile > default.
+
+`resolve` turns flags, the environment and a profile into a frozen `Config`, deciding every default that needs no
+model; `settle` decides, once the target is loaded, what depends on it (the draft sources the run has, the one
+source of a pinned width). The rest of the code reads attributes of the result.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import sys
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import UsageError
+
+SHIPPED_DIR = Path(__file__).parent / "profiles"
+DEFAULT_PROFILE = "exact"
+META_KEYS = {"description", "extends"}
+SOURCES = ("auto", "model", "ngram", "mtp", "history", "none")
+AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
+AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
+
+
+def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
+    def check(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            return False
+        return not (hi is not None and (v > hi or (hi_open and v == hi)))
+    return check
+
+
+def _choice(*options) -> Callable[[Any], bool]:
+    return lambda v: v in options
+
+
+def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
+    """A field of Config that is a settings key (in profiles, the environment and on the command line)."""
+    return field(default=default, metadata={"help": help, "check": check, "allowed": allowed, "flag": flag})
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache).")
+    draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target); implies draft = \"model\".")
+    draft: str = key("auto", "Draft source: model, ngram, mtp, history, none, or auto (each cycle the source and width "
+                     "0..n_max with the most expected tokens per second, over n-gram lookup, the draft model, MTP "
+                     "heads and the history; with a pinned num_draft_tokens or adaptive: the draft model, else MTP "
+                     "heads, else history when on, else ngram).", _choice(*SOURCES), "one of " + ", ".join(SOURCES))
+    num_draft_tokens: int = key(4, "Draft width: tokens drafted per verify cycle (setting it pins the width; draft = "
+                                "auto otherwise chooses it).", _rng(1, 64), "1..64")
+    max_tokens: int = key(256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1")
+    temp: float = key(0.0, "Sampling temperature; 0 is greedy.", _rng(0.0), ">= 0", "--temp")
+    top_p: float = key(1.0, "Nucleus sampling mass, in (0, 1]; 1 is off.", _rng(0.0, 1.0, lo_open=True), "(0, 1]")
+    top_k: int = key(0, "Keep only the k most likely tokens; 0 is off.", _rng(0), ">= 0")
+    min_p: float = key(0.0, "Drop tokens below min_p times the top token's probability; 0 is off.",
+                       _rng(0.0, 1.0, hi_open=True), "[0, 1)")
+    seed: int = key(0, "Random seed: same seed, same output.", _rng(0), ">= 0")
+    typical_threshold: float = key(0.0, "Typical acceptance delta (Medusa-2). NOT distribution-exact; 0 = the exact "
+                                   "law.", _rng(0.0), ">= 0")
+    typical_eps: float = key(1.0, "Typical acceptance cap eps: floor = min(eps, delta * exp(-H)).",
+                             _rng(0.0, 1.0, lo_open=True), "(0, 1]")
+    adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
+                         flag="--spec-draft-adaptive")
+    controller: str = key("ema", "Adaptive width policy: ema (censoring-aware EMA) or cost (tokens per second).",
+                          _choice("ema", "cost"), "one of ema, cost", "--spec-draft-controller")
+    n_min: int = key(1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min")
+    n_max: Optional[int] = key(None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, and "
+                               "16 for the history's drafts when it is on).", _rng(1, 64), "1..64", "--spec-draft-n-max")
+    p_min: float = key(0.0, "Draft confidence floor: stop drafting below this draft probability; 0 = off.",
+                       _rng(0.0, 1.0, hi_open=True), "[0, 1)", "--spec-draft-p-min")
+    history: bool = key(False, "Keep every run's output token ids on disk ($XDG_DATA_HOME/mtpcli/history.sqlite; "
+                        "prompts too with --log-prompts) and draft from them (source history); --draft history "
+                        "implies it.", flag="--history")
+    history_max_mb: float = key(16.0, "Size cap of the history store in MiB of token ids; the oldest go first.",
+                                _rng(0.0, lo_open=True), "> 0")
+    ngram_min: int = key(2, "Shortest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16")
+    ngram_max: int = key(4, "Longest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16")
+    ema_alpha: float = key(0.25, "EMA weight of a partial accept.", _rng(0.0, 1.0, lo_open=True), "(0, 1]")
+    ema_probe: float = key(1.0, "EMA upward probe after a full (censored) accept.", _rng(0.0, lo_open=True), "> 0")
+    ema_init: float = key(2.0, "EMA initial estimate, reset per prompt.", _rng(0.0, lo_open=True), "> 0")
+    chat: Optional[bool] = key(None, "Apply the tokenizer's chat template (default: when it has one).")
+    system: Optional[str] = key(None, "System message for the chat template.")
+    format: str = key("text", "Output format: text, json or jsonl.", _choice("text", "json", "jsonl"),
+                      "one of text, json, jsonl")
+    prefill_step: int = key(512, "Prefill chunk size in tokens.", _rng(1), ">= 1")
+    distributed: str = key("auto", "Under mlx.launch (mtpcli launch): data (each rank decodes a share of the prompts), "
+                           "tensor or pipeline (the target sharded over the ranks); auto: data with several prompts, "
+                           "else tensor.", _choice("auto", "data", "tensor", "pipeline"),
+                           "one of auto, data, tensor, pipeline")
+    distributed_timeout: float = key(600.0, "Under mlx.launch: seconds a rank waits for the others without progress "
+                                     "before it gives up with an error.", _rng(0.0, lo_open=True), "> 0")
+    # ---- not keys: where the values came from, and what `resolve` / `settle` decided
+    profile: str = DEFAULT_PROFILE
+    origins: Mapping[str, str] = field(default_factory=dict)
+    pinned: bool = False  # draft = auto with a width set (num_draft_tokens not the default, or adaptive)
+    sources: tuple[str, ...] = ()  # the sources that draft (settle): auto's, or the one source
+    widest: Mapping[str, int] = field(default_factory=dict)  # auto: a source's widest draft where under n_max
+
+    @property
+    def law(self) -> str:
+        return "greedy" if self.temp == 0 else "typical" if self.typical_threshold > 0 else "exact"
+
+    def record(self) -> dict[str, Any]:
+        """What the run log and --stats-json keep of the settings."""
+        keep = ("model", "draft_model", "draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "temp",
+                "top_p", "top_k", "min_p", "seed", "max_tokens", "typical_threshold", "typical_eps", "history")
+        return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in keep}}
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: type
+    default: Any
+    help: str
+    check: Callable[[Any], bool] | None
+    allowed: str
+    flag: str
+
+    @property
+    def option(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "MTPCLI_" + self.name.upper()
+
+
+def _base(t) -> type:
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if args else t
+
+
+_HINTS = typing.get_type_hints(Config)
+SCHEMA: dict[str, Key] = {f.name: Key(f.name, _base(_HINTS[f.name]), f.default, **f.metadata)
+                          for f in fields(Config) if "help" in f.metadata}
+
+
+@dataclass
+class Profile:
+    name: str
+    path: Path | None
+    values: dict[str, Any]
+    description: str = ""
+
+
+# ---- locations ---------------------------------------------------------------------------------
+
+def config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "mtpcli"
+
+
+def user_dir() -> Path:
+    return Path(os.environ.get("MTPCLI_PROFILE_DIR") or config_home() / "profiles")
+
+
+def config_file() -> Path:
+    return config_home() / "config.toml"
+
+
+def available() -> dict[str, Path]:
+    """name -> file; a user profile shadows a shipped one of the same name."""
+    found = {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
+    if user_dir().is_dir():
+        found.update({p.stem: p for p in sorted(user_dir().glob("*.toml"))})
+    return found
+
+
+def default_name() -> str:
+    cfg = config_file()
+    if cfg.is_file():
+        name = _read_toml(cfg).get("default_profile")
+        if isinstance(name, str) and name:
+            return name
+    return DEFAULT_PROFILE
+
+
+def set_default(name: str) -> Path:
+    load(name)  # refuse unknown or broken profiles before persisting
+    cfg = config_file()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cfg.with_suffix(".tmp")
+    tmp.write_text(f'default_profile = "{name}"\n')
+    tmp.replace(cfg)
+    return cfg
+
+
+# ---- parsing and validation --------------------------------------------------------------------
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark, as editors save, is fine
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: TOML syntax error: {e}") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read profile: {e.strerror}") from None
+
+
+def _key_line(path: Path, name: str) -> str:
+    """`path:line` of a top-level key, for error messages."""
+    try:
+        lines = path.read_bytes().decode("utf-8-sig", errors="replace").splitlines()
+    except OSError:
+        return str(path)
+    pattern = re.compile(rf"^\s*[\"']?{re.escape(name)}[\"']?\s*=")
+    n = next((i for i, line in enumerate(lines, 1) if pattern.match(line)), None)
+    return f"{path}:{n}" if n else str(path)
+
+
+def check_value(name: str, value: Any, where: str) -> Any:
+    """Validate one value against the schema; returns it (ints accepted for float keys)."""
+    if name not in SCHEMA:
+        hint = difflib.get_close_matches(name, list(SCHEMA) + sorted(META_KEYS), n=1, cutoff=0.4)
+        raise UsageError(f"{where}: unknown key '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    spec = SCHEMA[name]
+    if value is None:
+        return None
+    ok_type = isinstance(value, spec.type) and not (spec.type is int and isinstance(value, bool))
+    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok_type = float(value), True
+    if not ok_type:
+        raise UsageError(f"{where}: {name} = {value!r} must be {spec.type.__name__}"
+                         + (f" in {spec.allowed}" if spec.allowed else ""))
+    if spec.check and not spec.check(value):
+        raise UsageError(f"{where}: {name} = {value!r} is out of range; allowed: {spec.allowed}")
+    return value
+
+
+def parse_env(name: str, raw: str) -> Any:
+    spec = SCHEMA[name]
+    where = f"environment {spec.env}"
+    try:
+        if spec.type is bool:
+            low = raw.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError
+            value = low in ("1", "true", "yes", "on")
+        else:
+            value = spec.type(raw)
+    except ValueError:
+        raise UsageError(f"{where}: {raw!r} is not a valid {spec.type.__name__}") from None
+    return check_value(name, value, where)
+
+
+def load(name_or_path: str, _seen: tuple[str, ...] = ()) -> Profile:
+    """Load a profile by name (user dir, then shipped) or by path, following `extends`."""
+    path = Path(name_or_path)
+    if not (name_or_path.endswith(".toml") and path.is_file()):
+        known = available()
+        if name_or_path not in known:
+            raise UsageError(f"unknown profile '{name_or_path}'; known profiles: {', '.join(sorted(known))}")
+        path = known[name_or_path]
+    if str(path.resolve()) in _seen:
+        chain = " -> ".join(Path(p).stem for p in _seen + (str(path.resolve()),))
+        raise UsageError(f"{path}: 'extends' forms a cycle ({chain})")
+    data = _read_toml(path)
+    description = data.pop("description", "")
+    parent = data.pop("extends", None)
+    values = {k: check_value(k, v, _key_line(path, k)) for k, v in data.items()}
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise UsageError(f"{path}: extends = {parent!r} must be a profile name")
+        base = load(parent, _seen + (str(path.resolve()),))
+        values = {**base.values, **values}
+        description = description or base.description
+    n_max = values.get("n_max") or values.get("num_draft_tokens")
+    if values.get("n_min") is not None and n_max is not None and values["n_min"] > n_max:
+        raise UsageError(f"{path}: n_min ({values['n_min']}) must not exceed n_max ({n_max})")
+    return Profile(path.stem, path, values, description)
+
+
+def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
+    """The configuration with precedence: flag > environment (MTPCLI_*) > profile > built-in default."""
+    env = os.environ if env is None else env
+    prof = load(profile or env.get("MTPCLI_PROFILE") or default_name())
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for name, spec in SCHEMA.items():
+        if flags.get(name) is not None:
+            values[name], origins[name] = check_value(name, flags[name], spec.option), "flag"
+        elif spec.env in env and env[spec.env] != "":
+            values[name], origins[name] = parse_env(name, env[spec.env]), f"env {spec.env}"
+        elif name in prof.values:
+            values[name], origins[name] = prof.values[name], str(prof.path)
+        else:
+            values[name], origins[name] = spec.default, "default"
+    v = values
+    if v["ngram_min"] > v["ngram_max"]:
+        raise UsageError(f"ngram_min ({v['ngram_min']}) must not exceed ngram_max ({v['ngram_max']})")
+    if v["draft"] == "model" and not v["draft_model"]:
+        raise UsageError("--draft model needs --draft-model PATH_OR_ID")
+    if v["draft"] == "history":
+        if v["history"] is False and origins["history"] != "default":
+            raise UsageError(f"--draft history needs the history, but history is off ({origins['history']})")
+        v["history"] = True
+    pinned = v["draft"] == "auto" and (v["adaptive"] or origins["num_draft_tokens"] != "default")
+    if v["n_max"] is None:
+        auto = v["draft"] == "auto" and not pinned
+        v["n_max"] = (AUTO_N_MAX_HISTORY if v["history"] else AUTO_N_MAX) if auto else v["num_draft_tokens"]
+    if v["n_min"] > v["n_max"]:
+        raise UsageError(f"--spec-draft-n-min ({v['n_min']}) must not exceed --spec-draft-n-max ({v['n_max']})")
+    return Config(**v, profile=prof.name, origins=origins, pinned=pinned)
+
+
+def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool = False) -> Config:
+    """What depends on the loaded target, decided once: the sources that draft. draft = auto stays the policy over
+    every source the run has (n-gram lookup, the draft model when given, the MTP heads when the checkpoint has them
+    and rows decode one at a time, the history when on) unless its width is pinned: then the draft model when one
+    is given, else the MTP heads, else the history when on, else n-gram lookup."""
+    draft = cfg.draft
+    if draft == "auto" and cfg.pinned:
+        draft = "model" if cfg.draft_model else "mtp" if has_mtp else "history" if cfg.history else "ngram"
+    if draft == "mtp" and sharded:
+        raise UsageError(f"--draft mtp is not supported with --distributed {cfg.distributed} yet (use --draft model, "
+                         "ngram or none)")
+    if draft != "auto":
+        return replace(cfg, draft=draft, sources=() if draft == "none" else (draft,))
+    sources = ("ngram",) + ("model",) * bool(cfg.draft_model) + ("mtp",) * (has_mtp and not several_rows) \
+        + ("history",) * cfg.history
+    widest = {}  # the history's default widest draft (16) is for the history: the other sources keep theirs
+    if cfg.history and cfg.origins.get("n_max", "default") == "default":
+        widest = {n: AUTO_N_MAX for n in sources if n != "history"}
+    return replace(cfg, sources=sources, widest=widest)
+
+
+def markdown_table() -> str:
+    """The README's table of profile keys, generated from the schema (a test keeps them in step)."""
+    lines = ["| key | flag | environment | type | default | allowed | meaning |", "|---|---|---|---|---|---|---|"]
+    for k in SCHEMA.values():
+        default = "" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else str(k.default)
+        lines.append(f"| `{k.name}` | `{k.option}` | `{k.env}` | {k.type.__name__} | {default} | {k.allowed} | {k.help} |")
+    return "\n".join(lines)

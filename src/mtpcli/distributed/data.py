@@ -1,0 +1,92 @@
+"""Data mode: every rank decodes a share of the requests (balanced by prompt plus output length, batching its share);
+rank 0 gathers every completion and its statistics and yields them in input order. Also the watched event stream of
+a sharded target."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import time
+from typing import Iterator
+
+from ..errors import EXIT_RUNTIME, MtpError
+
+
+def shares(requests: list, size: int) -> list[list]:
+    """Longest first to the least loaded rank (load: prompt plus output tokens); each share in input order."""
+    load = [0] * size
+    out: list[list] = [[] for _ in range(size)]
+    for r in sorted(requests, key=lambda r: (-(len(r.prompt) + r.max_tokens), r.index)):
+        k = min(range(size), key=lambda i: (load[i], i))
+        out[k].append(r)
+        load[k] += len(r.prompt) + r.max_tokens
+    return [sorted(x, key=lambda r: r.index) for x in out]
+
+
+def lost(e: Exception) -> Exception:
+    """A backend error that says a peer went away, as one line; any other error as it is (this rank's own)."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if not any(w in msg.lower() for w in ("connection", "lost", "closed", "reset", "broken pipe", "nccl")):
+        return e
+    return MtpError(f"lost the other ranks ({msg}): another rank failed or was stopped", EXIT_RUNTIME)
+
+
+def watched(group, engine, requests: list) -> Iterator:
+    """A sharded target's events: the engine's own, every wait watched."""
+    group.watchdog.arm("the first verify pass")
+    try:
+        yield from engine.generate(requests)
+    except RuntimeError as e:  # the backend's own word for a peer that went away ("[ring] connection ... lost")
+        raise lost(e) from None
+    finally:
+        group.watchdog.disarm()
+
+
+def events(group, engine, requests: list) -> Iterator:
+    """This rank's share decoded, then on rank 0 every request's completion in input order (and every rank's
+    statistics in engine.runs)."""
+    from ..engine import Event
+
+    parts_of = shares(requests, group.size)
+    done: dict[int, list] = {}
+    error = None
+    t0 = time.perf_counter()
+    try:
+        for ev in engine.generate(parts_of[group.rank]):
+            row = done.setdefault(ev.request, [[], None])
+            row[0].extend(ev.tokens)
+            row[1] = ev.finish_reason or row[1]
+    except MtpError as e:
+        error = str(e)
+    except Exception as e:  # noqa: BLE001 - reported by rank 0 as this rank's failure
+        error = f"{type(e).__name__}: {e}"
+    if error and not group.root:  # said at once too: the gather may wait long for the other ranks
+        print(f"mtpcli: error: rank {group.rank}: {error}", file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - t0
+    payload = pickle.dumps({"rank": group.rank, "done": done, "runs": {i: engine.runs.get(i) for i in done},
+                            "cycles": engine.cycles, "error": error, "prompts": len(parts_of[group.rank]),
+                            "wall_s": elapsed})
+    try:
+        parts = [pickle.loads(p) for p in group.gather(payload, "gathering the completions", group.timeout + elapsed)]
+    except RuntimeError as e:
+        raise lost(e) from None
+    group.extra["prompts_per_rank"] = [p["prompts"] for p in parts]
+    group.extra["wall_s_per_rank"] = [p["wall_s"] for p in parts]
+    group.extra["failed_ranks"] = {p["rank"]: p["error"] for p in parts if p["error"]}
+    if not group.root:
+        return
+    engine.cycles = sum(p["cycles"] for p in parts)
+    failed = {}
+    for p in parts:
+        engine.runs.update({i: r for i, r in p["runs"].items() if r is not None})
+        if p["error"]:
+            print(f"mtpcli: error: rank {p['rank']} failed: {p['error']}", file=sys.stderr, flush=True)
+            failed.update({r.index: p["rank"] for r in parts_of[p["rank"]]})
+    rows = {i: row for p in parts for i, row in p["done"].items()}
+    for r in requests:
+        if r.index in failed and r.index not in rows:
+            group.extra.setdefault("failed_requests", []).append(r.index)
+            yield Event(r.index, [], "error")
+            continue
+        tokens, finish = rows.get(r.index, ([], "error"))
+        yield Event(r.index, tokens, finish or "length")
