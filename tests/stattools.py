@@ -33,3 +33,16 @@ def fits(counts, probs, alpha: float = 1e-3) -> bool:
 def tv(counts, probs) -> float:
     counts = np.asarray(counts, dtype=float)
     return 0.5 * np.abs(counts / counts.sum() - np.asarray(probs)).sum()
+
+
+def same(a, b, alpha: float = 1e-3) -> bool:
+    """Two samples from one distribution? Pearson chi-square of the 2 x K table (bins with a pooled expected count
+    under 5 in either sample are pooled)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    pooled = (a + b) / (a.sum() + b.sum())
+    big = (pooled * min(a.sum(), b.sum())) >= 5
+    table = [np.append(x[big], x[~big].sum()) for x in (a, b)]
+    table = np.array(table)[:, np.array(table).sum(0) > 0]
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = ((table - expected) ** 2 / expected).sum()
+    return stat < chi2_critical(max(table.shape[1] - 1, 1), alpha)
