@@ -54,9 +54,9 @@ def main() -> None:
 
     import mlx.core as mx
 
-    from mtpcli import models, profiles
+    from mtpcli import assemble, config, models
     from mtpcli.engine import Request
-    from mtpcli.generate import build_engine, encode_prompt, remember_costs, settle_draft
+    from mtpcli.generate import encode_prompt
 
     target = models.load(args.target, "target model")
     draft = models.load(args.draft, "draft model")
@@ -69,19 +69,17 @@ def main() -> None:
     def settings(profile, extra, temp):
         over = {"model": args.target, "draft_model": args.draft, "temp": float(temp), "max_tokens": args.max_tokens,
                 **({"top_p": 0.95} if temp else {}), **extra}
-        s = profiles.resolve(profile, over, env={})
-        settle_draft(s, target)
-        return s
+        return config.settle(config.resolve(profile, over, env={}), models.has_mtp(target))
 
-    def one(s, ids):
-        engine = build_engine(s, target, draft if s.values["draft"] in ("model", "auto") else None)
+    def one(cfg, ids):
+        engine = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
         tokens, first = [], None
-        for ev in engine.generate([Request(0, ids, s.values["max_tokens"], args.seed)]):
+        for ev in engine.generate([Request(0, ids, cfg.max_tokens, args.seed)]):
             tokens.extend(ev.tokens)
             if first is None:
                 first = (len(tokens), time.perf_counter())
         steady = (len(tokens) - first[0], time.perf_counter() - first[1])
-        auto = remember_costs(engine)
+        auto = assemble.remember_costs(engine)
         return engine.stats, tokens, steady, auto
 
     tune = encode_prompt(target.tokenizer, (ROOT / "src/mtpcli/bench_prompts/code/lru_cache.txt").read_text(),

@@ -13,8 +13,8 @@ import time
 import mlx.core as mx
 from mlx.nn.layers.distributed import ShardedToAllLinear
 
-from mtpcli import distributed
 from mtpcli.cache import LM
+from mtpcli.distributed import group, sharded
 
 
 def skip(self, x):  # ShardedToAllLinear without its all_sum
@@ -45,12 +45,12 @@ def main():
     ap.add_argument("--ctx", type=int, default=64)
     a = ap.parse_args()
     g = mx.distributed.init()
-    loaded = distributed.load_target(a.model, "tensor", g)
-    per_pass = distributed.collectives_per_pass(loaded.model, "tensor")
+    loaded = sharded.load_target(a.model, "tensor", g)
+    per_pass = sharded.collectives_per_pass(loaded.model, "tensor")
     lm = LM(loaded.model)
     lm.add_rows(1)
     lm.set_row(0, list(range(1, a.ctx + 1)))
-    res = {"ranks": g.size(), "backend": distributed.backend_name(), "collectives_per_pass": per_pass, "passes": {}}
+    res = {"ranks": g.size(), "backend": group.backend_name(), "collectives_per_pass": per_pass, "passes": {}}
     for n in (1, 5):
         with_s, without_s = timed(lm, n, a.reps, a.ctx)
         with_ms, without_ms = 1e3 * with_s, 1e3 * without_s

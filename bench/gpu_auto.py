@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_shapes import SHAPES, model  # noqa: E402
 
 from mtpcli.controller import FixedWidth  # noqa: E402
-from mtpcli.drafters import Draft, empty  # noqa: E402
+from mtpcli.drafters import Draft, Drafter, empty  # noqa: E402
 from mtpcli.drafters.auto import AutoDrafter  # noqa: E402
 from mtpcli.drafters.model import ModelDrafter  # noqa: E402
 from mtpcli.engine import DecodeConfig, Engine, Request  # noqa: E402
@@ -41,12 +41,8 @@ PROFILES = {  # conditional acceptance by draft position (docs/perf/cpu, T=0)
 }
 
 
-class Oracle:
+class Oracle(Drafter):
     """Proposes the oracle's continuation, wrong from a position drawn per (source, position in the output)."""
-
-    needs_hidden = False
-    speculates = True
-    max_rows = None
 
     def __init__(self, name, oracle, prompt_len, profile, span=0, inner=None):
         self.name, self.oracle, self.n0, self.profile = name, oracle, prompt_len, profile
@@ -75,7 +71,7 @@ class Oracle:
         # span: a match lasts `span` positions, then none for twice as long (a third of the text is quoted)
         return [k if not self.span or (len(c) - self.n0) % (3 * self.span) < self.span else 0 for c in contexts]
 
-    def propose(self, contexts, caps, sp, keys, source=None):
+    def propose(self, contexts, caps, sp, keys, plan=None):
         avail = self.available(contexts, max(caps))
         caps = [min(c, a) for c, a in zip(caps, avail)]
         if max(caps) == 0:
@@ -95,8 +91,8 @@ class Oracle:
             self.inner.commit(contexts, n, hidden)
 
 
-def run(target, drafter, controller, prompt, tokens):
-    eng = Engine(target, drafter, controller, (), DecodeConfig(max_tokens=tokens))
+def run(target, drafter, policy, prompt, tokens):
+    eng = Engine(target, drafter, policy, (), DecodeConfig(max_tokens=tokens))
     out, t0 = [], time.perf_counter()
     for ev in eng.generate([Request(0, prompt, tokens, 0)]):
         out.extend(ev.tokens)
@@ -123,7 +119,7 @@ def main():
         return {"lookup": Oracle("lookup", oracle, len(prompt), PROFILES["lookup"], span=16),
                 "model": Oracle("model", oracle, len(prompt), PROFILES["model"], inner=ModelDrafter(draft))}
 
-    from mtpcli.generate import _params
+    from mtpcli.assemble import _params
 
     prior = prior_costs(["lookup", "model"], {"model": _params(draft) / _params(target)},
                         gpu=mx.default_device() == mx.gpu)
@@ -131,7 +127,7 @@ def main():
 
     def auto(costs):
         d = AutoDrafter(sources())
-        return d, AutoPolicy(["lookup", "model"], 8, costs, d.available, warm=costs is not prior)
+        return d, AutoPolicy(["lookup", "model"], 8, costs, d.lookahead, warm=costs is not prior)
 
     arms = {
         "plain": lambda: (None, FixedWidth(0)),
@@ -145,11 +141,11 @@ def main():
            "profiles": PROFILES, "prior": prior.to_dict(), "arms": {}}
     for rep in range(a.repeats + 1):  # repeat 0 warms up (and measures the costs auto keeps)
         for name, make in arms.items():
-            drafter, controller = make()
-            out, eng, wall = run(target, drafter, controller, prompt, a.tokens)
+            drafter, policy = make()
+            out, eng, wall = run(target, drafter, policy, prompt, a.tokens)
             assert out == oracle[: a.tokens], f"{name}: greedy output differs from plain decoding"
             if name == "auto (prior)" and rep == 0:
-                warm["costs"] = controller.measured()
+                warm["costs"] = policy.measured()
                 res["measured"] = warm["costs"].to_dict()
             if rep == 0:
                 continue

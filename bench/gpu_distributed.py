@@ -5,8 +5,9 @@ Random weights agree with nothing, so acceptance is set, not measured (as in ben
 first and its greedy output is the oracle; the proposer offers the oracle's continuation with its first error at a
 position drawn from the code T=0 acceptance profile of docs/perf/gpu.md (1.0, 1.0, 0.9, 0.7, 0.7, 0.6, 0.6, 0.5),
 deterministically per output position, so every arm and every run sees the same acceptance. It costs nothing, like
-n-gram lookup. Rank 0 drafts and judges; the other ranks verify; one message per cycle (mtpcli.distributed.Link) -
-the same code `mtpcli generate --distributed tensor` runs.
+n-gram lookup. Rank 0 drafts and judges; the other ranks verify; one message per cycle
+(mtpcli.distributed.sharded.Peer, every wait watched by distributed.data.watched) - the same code
+`mtpcli generate --distributed tensor` runs.
 
 Self-checks (the exit status is 1 when one fails, and the JSON says which): all_sum is right; speculative output equals
 plain output token for token (greedy); every rank committed the same tokens as rank 0.
@@ -58,68 +59,54 @@ def build(shape: str, vocab: int, dtype, group):
     return m
 
 
-class OracleProposer:
-    """Zero-cost drafts: the oracle's continuation, wrong from a position drawn from PROFILE."""
+def oracle_proposer(oracle: list[int], prompt_len: int):
+    """Zero-cost drafts: the oracle's continuation, wrong from a position drawn from PROFILE (a Drafter, whose class
+    is made here: mtpcli and MLX are imported only once a run needs them, so --table runs anywhere)."""
+    import mlx.core as mx
+    import numpy as np
 
-    name = "oracle"
-    needs_hidden = False
-    speculates = True
-    max_rows = None
+    from mtpcli.drafters import Draft, Drafter
 
-    def __init__(self, oracle: list[int], prompt_len: int):
-        self.oracle, self.n0 = oracle, prompt_len
+    class OracleProposer(Drafter):
+        name = "oracle"
 
-    def add_rows(self, n):
-        pass
+        def _first_error(self, at: int) -> int:
+            rng = np.random.default_rng([zlib.crc32(b"code"), at])
+            return next((i for i, a in enumerate(PROFILE) if rng.random() >= a), len(PROFILE))
 
-    def keep_rows(self, rows):
-        pass
+        def propose(self, contexts, caps, sp, keys, plan=None):
+            rows = []
+            for c, k in zip(contexts, caps):
+                at = len(c) - prompt_len
+                good = (oracle[at: at + k] + [0] * k)[:k]
+                bad = self._first_error(at)
+                rows.append([t if i < bad else (t + 1) % 1000 for i, t in enumerate(good)])
+            return Draft(mx.array(rows, dtype=mx.int32), None, list(caps), list(caps))
 
-    def start(self, row, prompt, hidden=None, keep=False):
-        pass
-
-    def _first_error(self, at: int) -> int:
-        import numpy as np
-
-        rng = np.random.default_rng([zlib.crc32(b"code"), at])
-        return next((i for i, a in enumerate(PROFILE) if rng.random() >= a), len(PROFILE))
-
-    def propose(self, contexts, caps, sp, keys, source=None):
-        import mlx.core as mx
-
-        from mtpcli.drafters import Draft
-
-        rows = []
-        for c, k in zip(contexts, caps):
-            at = len(c) - self.n0
-            good = (self.oracle[at: at + k] + [0] * k)[:k]
-            bad = self._first_error(at)
-            rows.append([t if i < bad else (t + 1) % 1000 for i, t in enumerate(good)])
-        return Draft(mx.array(rows, dtype=mx.int32), None, list(caps), list(caps))
-
-    def commit(self, contexts, n, hidden=None):
-        pass
+    return OracleProposer()
 
 
 def decode(model, dist, width: int, oracle, prompt, tokens: int):
     """One greedy run; (tokens, stats, decode seconds, our collective seconds, messages)."""
     from mtpcli.controller import FixedWidth
-    from mtpcli.distributed import Link, follower
+    from mtpcli.distributed.data import watched
+    from mtpcli.distributed.sharded import Follower, Peer
     from mtpcli.engine import DecodeConfig, Engine, Request
 
     cfg = DecodeConfig(max_tokens=tokens)
     root = dist is None or dist.root
     if root:
-        drafter = OracleProposer(oracle, len(prompt)) if width else None
+        drafter = oracle_proposer(oracle, len(prompt)) if width else None
         engine = Engine(model, drafter, FixedWidth(width), (), cfg)
     else:
-        engine = Engine(model, follower(bool(width), False), FixedWidth(0), (), cfg)
+        engine = Engine(model, Follower(bool(width), False), FixedWidth(0), (), cfg)
     before = (0.0, 0)
     if dist is not None:
-        engine.link = Link(dist, 1, max(width, 1), bool(width), ["oracle"])
+        engine.peer = Peer(dist, 1, max(width, 1), bool(width), ["oracle"])
         before = (dist.collective_s, dist.messages)
     out, t0 = [], time.perf_counter()
-    for ev in engine.generate([Request(0, prompt, tokens, 0)]):
+    requests = [Request(0, prompt, tokens, 0)]
+    for ev in engine.generate(requests) if dist is None else watched(dist, engine, requests):
         out.extend(ev.tokens)
     wall = time.perf_counter() - t0 - engine.stats.prefill_s
     coll = (dist.collective_s - before[0], dist.messages - before[1]) if dist is not None else (0.0, 0)
@@ -141,18 +128,19 @@ def allsum_us(dist, n: int, dtype, reps: int = 200) -> float:
 
 
 def group():
-    """The group under a launcher (a Dist as mtpcli's tensor mode makes it), else None (one device)."""
+    """The group under a launcher (a Group as mtpcli's tensor mode makes it, the other ranks'
+    output not silenced), else None (one device)."""
     import mlx.core as mx
 
-    from mtpcli import distributed
+    from mtpcli.distributed.group import Group, Watchdog, backend_name, launched
 
-    if not distributed.launched():
+    if not launched():
         return None
     g = mx.distributed.init()
     if g.size() == 1:
         return None
-    d = distributed.Dist("tensor", g, g.rank(), g.size(), distributed.backend_name(), 600.0)
-    d.watchdog = distributed.Watchdog(d.timeout, d.rank)
+    d = Group("tensor", g, g.rank(), g.size(), backend_name(), 600.0)
+    d.watchdog = Watchdog(d.timeout, d.rank)
     return d
 
 
@@ -197,7 +185,7 @@ def main(a) -> int:
         t = time.perf_counter()
         model = build(s, vocab, dtype, dist.group if dist else None)
         say(f"== {s}: built in {time.perf_counter() - t:.1f} s; peak memory {mx.get_peak_memory() / 2**30:.1f} GiB")
-        from mtpcli.distributed import collectives_per_pass
+        from mtpcli.distributed.sharded import collectives_per_pass
 
         r = res["shapes"][s] = {"model_collectives_per_pass": collectives_per_pass(model, "tensor") if dist else 0,
                                 "arms": {}}

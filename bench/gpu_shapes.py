@@ -20,7 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 
 from mtpcli.controller import FixedWidth
-from mtpcli.drafters import Draft
+from mtpcli.drafters import Draft, Drafter
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli import cache as lm_module
@@ -83,28 +83,13 @@ def forward_latency(m, ctx: int, ns, reps: int) -> dict[int, float]:
     return out
 
 
-class FixedProposer:
+class FixedProposer(Drafter):
     """A zero-cost proposer (like n-gram lookup): always proposes k known tokens per row."""
 
     name = "fixed"
-    needs_hidden = False
-    speculates = True
-    max_rows = None
 
-    def add_rows(self, n):
-        pass
-
-    def keep_rows(self, rows):
-        pass
-
-    def start(self, row, prompt, hidden=None, keep=False):
-        pass
-
-    def propose(self, contexts, caps, sp, keys, source=None):
+    def propose(self, contexts, caps, sp, keys, plan=None):
         return Draft(mx.full((len(contexts), max(caps)), 7, mx.int32), None, list(caps), list(caps))
-
-    def commit(self, contexts, n, hidden=None):
-        pass
 
 
 def cycle_time(target, drafter, width: int, ctx: int, cycles: int, prompt: list[int] | None = None) -> float:

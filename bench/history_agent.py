@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,9 +55,9 @@ def main() -> None:
 
     import mlx.core as mx
 
-    from mtpcli import models, profiles
+    from mtpcli import assemble, config, models
     from mtpcli.engine import Request
-    from mtpcli.generate import build_engine, encode_prompt, open_history, remember_costs, settle_draft
+    from mtpcli.generate import encode_prompt
 
     target = models.load(args.target, "target model")
     draft = models.load(args.draft, "draft model")
@@ -83,20 +84,19 @@ def main() -> None:
     def settings(extra, max_tokens=None):
         over = {"model": args.target, "draft_model": args.draft, "temp": 0.0,
                 "max_tokens": max_tokens or args.max_tokens, **extra}
-        s = profiles.resolve("exact", over, env={})
-        if "draft_model" in extra:
-            s.values["draft_model"] = extra["draft_model"]
-        settle_draft(s, target)
-        return s
+        cfg = config.resolve("exact", over, env={})
+        if "draft_model" in extra:  # (a flag of None is no flag: the arm without the draft model says so here)
+            cfg = replace(cfg, draft_model=extra["draft_model"])
+        return config.settle(cfg, models.has_mtp(target))
 
-    def one(s, ids, keep=True):
+    def one(cfg, ids, keep=True):
         t_open = time.perf_counter()
-        store = open_history(s, target)
-        engine = build_engine(s, target, draft if s.values["draft_model"] else None, store=store)
+        store = assemble.open_history(cfg, target)
+        engine = assemble.engine(cfg, target, draft if cfg.draft_model else None, store=store)
         hist = getattr(engine.drafter, "sources", {}).get("history")
         tokens, first = [], None
         t0 = time.perf_counter()
-        for ev in engine.generate([Request(0, ids, s.values["max_tokens"], 0)]):
+        for ev in engine.generate([Request(0, ids, cfg.max_tokens, 0)]):
             tokens.extend(ev.tokens)
             if first is None:
                 first = (len(tokens), time.perf_counter())
@@ -104,7 +104,7 @@ def main() -> None:
         if store is not None and keep:
             store.add(ids, tokens)
             store.save()
-        remember_costs(engine)
+        assemble.remember_costs(engine)
         return (engine.stats.to_dict(), tokens, (len(tokens) - first[0], end - first[1]), end - t0,
                 {"setup_s": t0 - t_open, "history_load_s": hist.load_s if hist else None})
 

@@ -2,20 +2,17 @@
 
 Attention layers (mlx-lm's KVCache, and RotatingKVCache with a sliding window) become `RowKV` layers over one
 shared `Layout`: slots are shared by every row, each row keeps its own validity mask and its RoPE position is its
-count of valid tokens, so a rejected draft is cut off the end (trim) when it is the last thing every row wrote and
-becomes a masked hole otherwise. Sliding windows are masked, not rotated, so nothing is ever overwritten and a
-rollback never loses a token. While every row is dense (one prompt, or rows in step) the masks are mlx-lm's own
-fast ones (none for one token, "causal" for several). Recurrent state (ArraysCache: gated-delta, Mamba) cannot be
-cut back: it is snapshotted before a speculative pass, and a rollback restores it and replays the kept tokens (one
-row). Any other cache kind is kept as the model made it: plain decoding of one row works, and speculation is
-refused before decoding (`require_rollback`).
+count of valid tokens, so a rejected draft is cut off the end when every row wrote it last, and becomes a masked
+hole otherwise. Sliding windows are masked, not rotated: a rollback never loses a token. While every row is dense
+the masks are mlx-lm's own fast ones. Recurrent state (ArraysCache: gated-delta, Mamba) is snapshotted before a
+speculative pass; a rollback restores it and replays the kept tokens (one row). Any other cache kind is kept as
+the model made it: plain decoding of one row works, and speculation is refused before decoding (`require_rollback`).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from .errors import ModelError
@@ -129,6 +126,11 @@ class RowKV:
     def offset(self):
         return self.layout.offset
 
+    def apply(self, fn) -> None:
+        """keys, values = fn(keys), fn(values), once there are any."""
+        if self.keys is not None:
+            self.keys, self.values = fn(self.keys), fn(self.values)
+
     def _ensure(self, B, H, D, Dv, dtype, need: int) -> None:
         have = 0 if self.keys is None else self.keys.shape[2]
         if need > have:
@@ -233,9 +235,7 @@ class LM:
         lay.pos = np.concatenate([lay.pos, np.zeros(n, np.int64)])
         lay.dense = lay.write == 0
         for c in self._kv():
-            if c.keys is not None:
-                c.keys = mx.concatenate([c.keys, mx.zeros((n,) + c.keys.shape[1:], c.keys.dtype)])
-                c.values = mx.concatenate([c.values, mx.zeros((n,) + c.values.shape[1:], c.values.dtype)])
+            c.apply(lambda a: mx.concatenate([a, mx.zeros((n,) + a.shape[1:], a.dtype)]))
 
     def keep_rows(self, rows: list[int]) -> None:
         if not rows:
@@ -246,8 +246,7 @@ class LM:
         lay.truncate(lay.pos.copy())  # drop the slots only the removed rows held
         idx = mx.array(rows, dtype=mx.int32)
         for c in self._kv():
-            if c.keys is not None:
-                c.keys, c.values = c.keys[idx], c.values[idx]
+            c.apply(lambda a: a[idx])
         self._tidy()  # the rows that held the leading slots may have left
 
     def _kv(self) -> list[RowKV]:
@@ -289,18 +288,13 @@ class LM:
         if self.rows == 1:  # the whole state is this row's: take the prefilled caches as they are
             self.layout.valid, self.layout.pos = np.ones((1, L), bool), np.array([L])
             self.layout.write, self.layout.capacity, self.layout.dense = L, 0, True
-            new = []
             for k, mine, pre in zip(self.kinds, self.caches, caches):
                 if isinstance(mine, RowKV):
-                    mine.keys = None if pre.keys is None else own(pre.keys)  # a new array: writes stay ours
-                    mine.values = None if pre.values is None else own(pre.values)
-                    new.append(mine)
+                    mine.keys, mine.values = pre.keys, pre.values
+                    mine.apply(own)  # a new array: writes stay ours
                 elif k == "state":
                     mine.cache = list(pre.cache)
-                    new.append(mine)
-                else:
-                    new.append(pre)
-            self.caches = new
+            self.caches = [pre if k == "native" else mine for k, mine, pre in zip(self.kinds, self.caches, caches)]
             return hidden
         lay = self.layout
         if L > lay.write:  # make room on the left for every row
@@ -309,11 +303,7 @@ class LM:
             lay.write += grow
             lay.capacity += grow
             for c in self._kv():
-                if c.keys is not None:
-                    B, H, _, D = c.keys.shape
-                    c.keys = mx.concatenate([mx.zeros((B, H, grow, D), c.keys.dtype), c.keys], axis=2)
-                    c.values = mx.concatenate([mx.zeros((B, H, grow, c.values.shape[3]), c.values.dtype), c.values],
-                                              axis=2)
+                c.apply(lambda a: mx.concatenate([mx.zeros(a.shape[:2] + (grow, a.shape[3]), a.dtype), a], axis=2))
         W = lay.write
         lay.valid[row] = False
         lay.valid[row, W - L : W] = True
@@ -402,13 +392,8 @@ class LM:
             if len(slots):
                 idx[b, width - len(slots):] = slots
                 valid[b, width - len(slots):] = True
-        gather = mx.array(idx, dtype=mx.int32)
+        gather = mx.array(idx, dtype=mx.int32)[:, None, :, None]
         for c in self._kv():
-            if c.keys is None:
-                continue
-            B, H, _, D = c.keys.shape
-            c.keys = mx.take_along_axis(c.keys, mx.broadcast_to(gather[:, None, :, None], (B, H, width, D)), axis=2)
-            c.values = mx.take_along_axis(c.values, mx.broadcast_to(gather[:, None, :, None],
-                                                                    (B, H, width, c.values.shape[3])), axis=2)
+            c.apply(lambda a: mx.take_along_axis(a, mx.broadcast_to(gather, a.shape[:2] + (width, a.shape[3])), axis=2))
         lay.valid, lay.write, lay.capacity, lay.dense = valid, width, 0, bool(valid.all())
         mx.eval([c.state for c in self._kv()])

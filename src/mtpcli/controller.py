@@ -10,7 +10,7 @@ can do beyond that it declares (`observes`: it wants the target's confidence at 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 
@@ -32,7 +32,7 @@ def _round(x: float) -> int:
 
 
 class WidthPolicy:
-    """One source, a width per cycle; per-member state in the lists named in `members`."""
+    """One source, a width per cycle; per-member state in the lists named in `members` (`fresh` gives one)."""
 
     observes = False  # wants observe(confidences): the target's largest probability at each committed token
     members: tuple[str, ...] = ("history",)
@@ -46,6 +46,17 @@ class WidthPolicy:
         self.batch = batch
         self.reset()
 
+    def fresh(self, name: str):
+        return []
+
+    def reset(self, member: int | None = None) -> None:
+        """Start a new prompt: all members, or one member of the batch."""
+        for name in self.members:
+            if member is None:
+                setattr(self, name, [self.fresh(name) for _ in range(self.batch)])
+            else:
+                getattr(self, name)[member] = self.fresh(name)
+
     def keep(self, members: Sequence[int]) -> None:
         """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
         leave the batch, and their estimates stop counting towards the shared width."""
@@ -53,6 +64,18 @@ class WidthPolicy:
             values = getattr(self, name)
             setattr(self, name, [values[m] for m in members])
         self.batch = len(members)
+
+    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
+               chained: bool = False) -> None:
+        """A cycle: per member the tokens it really drafted and how many the target accepted (requested: asked
+        for; chances: the source's estimates; chained: a plain step launched ahead of the one before)."""
+        for member, n in enumerate(drafted):
+            self.history[member].append(n)
+        self.learn(drafted, accepted, seconds)
+
+    def learn(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None) -> None:
+        pass
 
     def observe(self, confidences) -> None:
         pass
@@ -67,25 +90,12 @@ class FixedWidth(WidthPolicy):
 
     n: int
     batch: int = 1
-    history: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self):
         self.reset()
 
-    def reset(self, member: int | None = None) -> None:
-        if member is None:
-            self.history = [[] for _ in range(self.batch)]
-        else:
-            self.history[member] = []
-
     def width(self) -> int:
         return self.n
-
-    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
-               chained: bool = False) -> None:
-        for member, n in enumerate(drafted):
-            self.history[member].append(n)
 
 
 @dataclass
@@ -105,8 +115,6 @@ class EmaController(WidthPolicy):
     probe: float = 1.0
     init: float = 2.0
     batch: int = 1
-    estimates: list[float] = field(default_factory=list)
-    history: list[list[int]] = field(default_factory=list)
     members = ("estimates", "history")
 
     def __post_init__(self):
@@ -118,14 +126,8 @@ class EmaController(WidthPolicy):
             raise ValueError(f"ema_alpha must be in (0, 1] (got {self.alpha})")
         self.reset()
 
-    def reset(self, member: int | None = None) -> None:
-        """Start a new prompt: all members, or one member of the batch."""
-        if member is None:
-            self.estimates = [min(self.init, self.n_max) for _ in range(self.batch)]
-            self.history = [[] for _ in range(self.batch)]
-        else:
-            self.estimates[member] = min(self.init, self.n_max)
-            self.history[member] = []
+    def fresh(self, name: str):
+        return min(self.init, self.n_max) if name == "estimates" else []
 
     def member_width(self, member: int) -> int:
         return min(max(_round(self.estimates[member]), self.n_min), self.n_max)
@@ -133,19 +135,12 @@ class EmaController(WidthPolicy):
     def width(self) -> int:
         return max(self.member_width(m) for m in range(self.batch))
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
-               chained: bool = False) -> None:
+    def learn(self, drafted, accepted, seconds) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
-            self.history[member].append(n)
-            if n <= 0:
-                continue  # nothing was drafted: no evidence either way
-            e = self.estimates[member]
-            if a < n:
-                e = (1.0 - self.alpha) * e + self.alpha * a
-            else:
-                e = e + self.probe
-            self.estimates[member] = min(e, float(self.n_max))
+            if n > 0:  # (nothing drafted: no evidence either way)
+                e = self.estimates[member]
+                e = (1.0 - self.alpha) * e + self.alpha * a if a < n else e + self.probe
+                self.estimates[member] = min(e, float(self.n_max))
 
     def estimate(self, member: int = 0) -> float:
         return self.estimates[member]
@@ -167,7 +162,6 @@ class CostAwareController(WidthPolicy):
     prior: float = 0.7  # prior acceptance per position
     prior_weight: float = 2.0
     batch: int = 1
-    history: list[list[int]] = field(default_factory=list)
     members = ("counts", "history")
 
     def __post_init__(self):
@@ -175,15 +169,13 @@ class CostAwareController(WidthPolicy):
             raise ValueError(f"need 1 <= n_min ({self.n_min}) <= n_max ({self.n_max})")
         self.reset()
 
+    def fresh(self, name: str):
+        return ([0.0] * self.n_max, [0.0] * self.n_max) if name == "counts" else []  # (accepted, reached)
+
     def reset(self, member: int | None = None) -> None:
-        fresh = lambda: ([0.0] * self.n_max, [0.0] * self.n_max)  # noqa: E731  (accepted, reached) per position
+        super().reset(member)
         if member is None:
-            self.counts = [fresh() for _ in range(self.batch)]
-            self.history = [[] for _ in range(self.batch)]
             self._times: list[tuple[int, float]] = []
-        else:
-            self.counts[member] = fresh()
-            self.history[member] = []
 
     def acceptance(self, member: int = 0) -> list[float]:
         acc, reached = self.counts[member]
@@ -205,8 +197,7 @@ class CostAwareController(WidthPolicy):
         n = len(pts)
         mx_ = sum(w for w, _ in pts) / n
         my = sum(s for _, s in pts) / n
-        slope = sum((w - mx_) * (s - my) for w, s in pts) / sum((w - mx_) ** 2 for w, _ in pts)
-        slope = max(slope, 0.0)
+        slope = max(sum((w - mx_) * (s - my) for w, s in pts) / sum((w - mx_) ** 2 for w, _ in pts), 0.0)
         return max(my + slope * (k - mx_), 1e-9)
 
     def width(self) -> int:
@@ -214,15 +205,10 @@ class CostAwareController(WidthPolicy):
             return sum(self.expected_tokens(k, m) for m in range(self.batch)) / self.cycle_time(k)
         return max(range(self.n_min, self.n_max + 1), key=score)
 
-    def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
-               chained: bool = False) -> None:
+    def learn(self, drafted, accepted, seconds) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
-            self.history[member].append(n)
             acc, reached = self.counts[member]
-            for i in range(min(n, self.n_max)):
-                if i > a:
-                    break  # positions past the first rejection were not tested
+            for i in range(min(n, self.n_max, a + 1)):  # positions past the first rejection were not tested
                 reached[i] += 1
                 acc[i] += i < a
         if seconds is not None and drafted:

@@ -239,7 +239,8 @@ class Engine:
         if draft.k:
             self.target.checkpoint()  # recurrent layers: the state to roll back to
         f.before, f.width = self.target.pos.copy(), draft.k
-        logits = self.target.forward(mx.concatenate([self._last(rows, after)[:, None], draft.tokens], axis=1))
+        last = self._last(rows, after)[:, None]
+        logits = self.target.forward(mx.concatenate([last, draft.tokens], axis=1) if draft.k else last)
         # plain decoding launches every step ahead: judged in full where such a step could not be undone
         full = not self.drafter.speculates and (self.target.one_row or not self.peer.redo)
         law_keys = [k[1] for k in keys]

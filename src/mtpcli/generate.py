@@ -182,7 +182,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None
 
     runlog.append_safely(
         command=opts.argv, settings=record["settings"], profile=cfg.profile, model=cfg.model,
-        draft=cfg.draft_model or cfg.draft, prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
+        draft=cfg.draft_model or cfg.draft,
+        prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
         stats=record, status=status, started=started,
         prompt_text=items[0].text if opts.log_prompts and opts.single else None, log=opts.log)
     return status

@@ -8,6 +8,7 @@ the GGUF metadata without torch. Supported families: llama, qwen2, gemma3.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -19,7 +20,10 @@ import numpy as np
 
 from .errors import ModelError, UsageError
 
-SUPPORTED = ("llama", "qwen2", "gemma3")
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}  # GGUF architecture -> model_type
+SUPPORTED = tuple(MODEL_TYPES)
+TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -32,37 +36,31 @@ GEMMA_LAYER_NAMES = {**LAYER_NAMES, "post_attention_norm": "post_attention_layer
 
 def _field(reader, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+    return default if f is None else f.contents()
+
+
+def _arch(config: dict[str, Any]) -> str:
+    return {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
-    if gguf_name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if gguf_name == "output_norm.weight":
-        return "model.norm.weight"
-    if gguf_name == "output.weight":
-        return "lm_head.weight"
+    if gguf_name in TOP_NAMES:
+        return TOP_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4:
-        names = GEMMA_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
-        if parts[2] in names:
-            return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+    names = GEMMA_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     return None  # e.g. rope_freqs: derived, not a weight
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (its converter's `permute`)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row permutation (used by the tests to write GGUFs as llama.cpp does)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def read_config(reader) -> dict[str, Any]:
@@ -73,7 +71,7 @@ def read_config(reader) -> dict[str, Any]:
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     hidden, n_head = int(g("embedding_length")), int(g("attention.head_count"))
     config: dict[str, Any] = {
-        "model_type": {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}[arch],
+        "model_type": MODEL_TYPES[arch],
         "hidden_size": hidden,
         "num_hidden_layers": int(g("block_count")),
         "intermediate_size": int(g("feed_forward_length")),
@@ -100,18 +98,14 @@ def read_config(reader) -> dict[str, Any]:
 def read_weights(reader, config: dict[str, Any], progress=None) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
-    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
-    out = {}
+    arch, out = _arch(config), {}
     for t in reader.tensors:
         name = hf_name(t.name, arch)
         if name is None:
             continue
-        w = dequantize(t.data, t.tensor_type).astype(np.float32)
-        w = w.reshape([int(x) for x in reversed(t.shape)])
-        if arch == "llama" and name.endswith("q_proj.weight"):
-            w = unpermute(w, config["num_attention_heads"])
-        elif arch == "llama" and name.endswith("k_proj.weight"):
-            w = unpermute(w, config["num_key_value_heads"])
+        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            w = unpermute(w, config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"])
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w - 1.0  # GGUF stores 1 + w; the MLX model adds the 1 itself
         out[name] = w
@@ -167,14 +161,12 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: in
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        bar = _progress(len(reader.tensors), f"converting {src.name}", quiet)
-        weights = read_weights(reader, config, bar.advance if bar else None)
-        if bar:
-            bar.close()
+        advance, stop = _progress(len(reader.tensors), f"converting {src.name}", quiet)
+        weights = read_weights(reader, config, advance)
+        stop()
         arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
         del weights
-        arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
-        tok, tok_cfg = build_tokenizer(reader, arch)
+        tok, tok_cfg = build_tokenizer(reader, _arch(config))
         tok.save(str(tmp / "tokenizer.json"))
         tok_cfg["model_max_length"] = config["max_position_embeddings"]
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
@@ -194,41 +186,29 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: in
 
 
 def _quantize(arrays, config, bits, group_size):
+    """Quantize through the family's mlx-lm model (its module is named after the model_type)."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
-    model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
+    family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = family.Model(family.ModelArgs.from_dict(config))
     model.load_weights(list(arrays.items()), strict=False)
     nn.quantize(model, group_size=group_size, bits=bits)
     config = {**config, "quantization": {"group_size": group_size, "bits": bits}}
     return dict(tree_flatten(model.parameters())), config
 
 
-class _Bar:
-    def __init__(self, total: int, label: str):
-        from rich.progress import Progress
-
-        self.p = Progress(transient=True, console=_stderr_console())
-        self.p.start()
-        self.task = self.p.add_task(label, total=total)
-
-    def advance(self, n: int = 1):
-        self.p.advance(self.task, n)
-
-    def close(self):
-        self.p.stop()
-
-
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(file=sys.stderr)
-
-
 def _progress(total: int, label: str, quiet: bool):
-    return None if quiet or not sys.stderr.isatty() else _Bar(total, label)
+    """(advance, stop) of a transient progress bar on stderr; no bar when quiet or stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    bar = Progress(transient=True, console=Console(file=sys.stderr))
+    bar.start()
+    task = bar.add_task(label, total=total)
+    return (lambda n=1: bar.advance(task, n)), bar.stop
 
 
 def cache_dir() -> Path:

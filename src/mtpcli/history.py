@@ -1,19 +1,18 @@
 """The history store: what earlier runs produced, kept on disk for the history drafter (opt-in: `--history`).
 
 One SQLite file beside the run log (`$XDG_DATA_HOME/mtpcli/history.sqlite`, WAL). A document is one completion's
-output token ids, and its prompt's ids only when the run was given --log-prompts; each is keyed by a hash of the
-tokenizer's vocabulary, so one tokenizer's ids never draft for another's. A run reads its tokenizer's documents
-once at the start and appends its own in one transaction at the end, then drops the oldest documents (of every
-tokenizer) until the store is under its cap. Concurrent runs append one after another (BEGIN IMMEDIATE): none
-loses another's documents. A store that cannot be read is left untouched: the run warns once and goes on without
-it; one that cannot be written loses only this run's documents, with a warning.
+output ids (and its prompt's only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so one
+tokenizer's ids never draft for another's. A run reads its tokenizer's documents once at the start, appends its own
+in one BEGIN IMMEDIATE transaction at the end (concurrent runs lose nothing), then drops the oldest documents (of
+every tokenizer) until the store is under its cap. An unreadable store is left untouched (one warning, the run goes
+on without it); an unwritable one loses only this run's documents, with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 import sys
 import time
@@ -22,18 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .runlog import data_dir, use_wal, writing
+from .errors import UsageError
+from .runlog import data_dir, open_db, writing
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS docs (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  time REAL NOT NULL,
-  tokenizer TEXT NOT NULL,
-  model TEXT,
-  prompt BLOB,
-  output BLOB NOT NULL,
-  bytes INTEGER NOT NULL
-);
+CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, tokenizer TEXT NOT NULL,
+  model TEXT, prompt BLOB, output BLOB NOT NULL, bytes INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS docs_tokenizer ON docs (tokenizer, id)"""
 
 DTYPE = np.dtype("<i4")  # token ids on disk: little-endian int32
@@ -68,28 +61,18 @@ class StoreError(Exception):
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
-    """Open the store; StoreError if it is not one (it is then left as it is)."""
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():  # generated text: readable by its owner only
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    """Open the store (a new file is readable by its owner only: generated text); StoreError if it is not one (it
+    is then left as it is)."""
     try:
-        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        con.execute("PRAGMA busy_timeout = 30000")
-        if create:
-            use_wal(con)
-            con.execute("PRAGMA journal_size_limit = 4194304")
-            con.executescript(SCHEMA)
-        con.execute("SELECT count(*) FROM docs").fetchone()
-        return con
+        return open_db(path, SCHEMA, "docs", create, mode=0o600, pragmas=("PRAGMA journal_size_limit = 4194304",))
     except sqlite3.Error as e:
         raise StoreError(f"{path} is unreadable ({e})") from None
 
 
 @dataclass
 class Store:
-    """This run's view of the store: the documents of its tokenizer found at the start (`docs`), the ones this run
-    finished since (`session`), and `version`, which changes whenever `session` does."""
+    """This run's view of the store: the documents of its tokenizer found at the start (`docs`) and the ones this run
+    finished since (`session`)."""
     tokenizer: str
     model: str = ""
     cap_bytes: int = 16 << 20
@@ -97,7 +80,6 @@ class Store:
     path: Path = field(default_factory=store_path)
     docs: list[Doc] = field(default_factory=list)
     session: list[Doc] = field(default_factory=list)
-    version: int = 0
     broken: bool = False  # unreadable: nothing read, nothing written
     loaded: bool = False
 
@@ -107,12 +89,9 @@ class Store:
             return self
         self.loaded = True
         try:
-            con = _connect(self.path, create=False)
-            try:
+            with contextlib.closing(_connect(self.path, create=False)) as con:
                 rows = con.execute("SELECT prompt, output FROM docs WHERE tokenizer = ? ORDER BY id",
                                    (self.tokenizer,)).fetchall()
-            finally:
-                con.close()
             self.docs = [Doc(unpack(o), unpack(p)) for p, o in rows]
         except (StoreError, sqlite3.Error, ValueError) as e:
             self.broken = True
@@ -124,16 +103,15 @@ class Store:
         if output:
             self.session.append(Doc(np.asarray(output, np.int64),
                                     np.asarray(prompt, np.int64) if self.keep_prompts else None))
-            self.version += 1
 
     def save(self) -> int:
         """Append this run's documents, then drop the oldest until the store is under its cap; documents kept."""
         if self.broken or not self.session:
             return 0
-        now = time.time()
-        rows = [(now, self.tokenizer, self.model, None if d.prompt is None else pack(d.prompt), pack(d.output),
-                 d.output.size * DTYPE.itemsize + (0 if d.prompt is None else d.prompt.size * DTYPE.itemsize))
-                for d in self.session]
+        now, rows = time.time(), []
+        for d in self.session:
+            prompt, output = None if d.prompt is None else pack(d.prompt), pack(d.output)
+            rows.append((now, self.tokenizer, self.model, prompt, output, len(output) + len(prompt or b"")))
         try:
             with writing(_connect(self.path, create=True)) as con:
                 con.executemany("INSERT INTO docs (time, tokenizer, model, prompt, output, bytes)"
@@ -146,18 +124,10 @@ class Store:
 
 
 def evict(con: sqlite3.Connection, cap_bytes: int) -> int:
-    """Delete the oldest documents until the kept token bytes are within the cap; how many went."""
-    total = con.execute("SELECT coalesce(sum(bytes), 0) FROM docs").fetchone()[0]
-    if total <= cap_bytes:
-        return 0
-    cut, gone = None, 0
-    for doc_id, size in con.execute("SELECT id, bytes FROM docs ORDER BY id"):
-        if total <= cap_bytes:
-            break
-        total -= size
-        cut, gone = doc_id, gone + 1
-    con.execute("DELETE FROM docs WHERE id <= ?", (cut,))
-    return gone
+    """Delete the oldest documents until the kept token bytes are within the cap (a document goes when it and the
+    newer ones exceed the cap); how many went."""
+    return con.execute("DELETE FROM docs WHERE id IN (SELECT id FROM (SELECT id, sum(bytes) OVER (ORDER BY id DESC)"
+                       " AS kept FROM docs) WHERE kept > ?)", (cap_bytes,)).rowcount
 
 
 _warned: set[str] = set()
@@ -173,8 +143,6 @@ def warn(msg: str) -> None:
 
 def open_existing(path: Path | None = None) -> sqlite3.Connection | None:
     """The store for the `history` commands: None when there is none; UsageError when it is unreadable."""
-    from .errors import UsageError
-
     path = path or store_path()
     if not path.is_file():
         return None
@@ -191,11 +159,9 @@ def summary(path: Path | None = None) -> dict:
     out = {"path": str(path), "file_bytes": 0, "tokenizers": []}
     if con is None:
         return out
-    try:
+    with contextlib.closing(con):
         rows = con.execute("SELECT tokenizer, group_concat(DISTINCT model), count(*), sum(bytes), min(time), max(time),"
                            " sum(prompt IS NOT NULL) FROM docs GROUP BY tokenizer ORDER BY max(time) DESC").fetchall()
-    finally:
-        con.close()
     out["file_bytes"] = sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if p.is_file())
     out["tokenizers"] = [{"tokenizer": t, "models": sorted(set((m or "").split(","))), "docs": n,
                           "tokens": b // DTYPE.itemsize, "bytes": b, "oldest": lo, "newest": hi, "with_prompts": wp}
@@ -212,8 +178,6 @@ def clear(path: Path | None = None) -> int:
         con.execute("VACUUM")
         return n
     except sqlite3.Error as e:
-        from .errors import UsageError
-
         raise UsageError(f"history store {path or store_path()}: {e} (another run may be writing it); try again") from None
     finally:
         con.close()
@@ -224,12 +188,10 @@ def export(path: Path | None = None):
     con = open_existing(path)
     if con is None:
         return
-    try:
+    with contextlib.closing(con):
         for i, t, tok, model, prompt, output in con.execute(
                 "SELECT id, time, tokenizer, model, prompt, output FROM docs ORDER BY id"):
             doc = {"id": i, "time": t, "tokenizer": tok, "model": model, "output": unpack(output).tolist()}
             if prompt is not None:
                 doc["prompt"] = unpack(prompt).tolist()
             yield doc
-    finally:
-        con.close()

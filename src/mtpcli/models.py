@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
+from huggingface_hub import snapshot_download
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load as mlx_load, load_model, load_tokenizer
+
+from . import fetch, gguf_convert, mtp
+from .cache import layer_kind
 from .errors import ModelError
 
 
@@ -22,8 +30,6 @@ class Loaded:
 
 def resolve(name: str) -> Path | str:
     """Turn a model name into something mlx-lm's loader takes (a folder, or a Hub id)."""
-    from . import fetch, gguf_convert
-
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -45,24 +51,15 @@ def load(name: str, role: str = "model") -> Loaded:
     """Load with mlx-lm's public loaders; a checkpoint with MTP heads through its family's own classes with a
     sanitize that drops the head's weights first (mlx-lm drops them for some layouts only)."""
     target = resolve(name)
-    from mlx_lm import load as mlx_load
-
     spec = None
     try:
         if isinstance(target, str):  # a Hub id: its snapshot in the local cache, never the network
-            from huggingface_hub import snapshot_download
-
             target = Path(snapshot_download(target, local_files_only=True))
-        from . import mtp
-
-        spec = mtp.find(target, read_config(target))
-        if spec is None or read_config(target).get("model_type") not in mtp.SUPPORTED:
+        config = read_config(target)
+        spec = mtp.find(target, config)
+        if spec is None or config.get("model_type") not in mtp.SUPPORTED:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
         else:
-            import importlib
-
-            from mlx_lm.utils import load_model, load_tokenizer
-
             def classes(config):  # the MTP families' modules are named after their model_type
                 family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
                 return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
@@ -79,24 +76,16 @@ def load(name: str, role: str = "model") -> Loaded:
 
 def one_row(loaded: Loaded) -> bool:
     """A target whose cache decodes one row at a time anyway (recurrent or opaque layers)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .cache import layer_kind
-
     return any(layer_kind(c) in ("state", "native") for c in make_prompt_cache(loaded.model))
 
 
 def has_mtp(loaded: Loaded) -> bool:
-    from . import mtp
-
     return loaded.mtp is not None and loaded.mtp.layout != "mimo" and \
         mtp.text_config(loaded.config).get("model_type") in mtp.SUPPORTED
 
 
 def mtp_head(loaded: Loaded):
     """Build the target's MTP head (for --draft mtp); one clear error when it has none."""
-    from . import mtp
-
     if loaded.mtp is None:
         raise ModelError(f"--draft mtp: model '{loaded.name}' carries no multi-token-prediction heads "
                          "(no 'mtp.*' or extra 'model.layers.N' weights); use --draft ngram or --draft-model")
@@ -125,8 +114,6 @@ def output_size(loaded: Loaded) -> int:
     size = loaded.config.get("vocab_size") or (loaded.config.get("text_config") or {}).get("vocab_size")
     if isinstance(size, int):
         return size
-    import mlx.core as mx
-
     return int(loaded.model(mx.array([[0]])).shape[-1])
 
 
@@ -147,8 +134,6 @@ def read_config(folder: Path | str) -> dict:
 
 def draft_sources(folder: Path | str, config: dict) -> list[str]:
     """The draft sources mtpcli can use with this checkpoint as the target."""
-    from . import mtp
-
     sources = ["model (with --draft-model)", "ngram", "none"]
     spec = mtp.find(folder, config)
     if spec is not None:

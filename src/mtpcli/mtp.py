@@ -1,33 +1,32 @@
 """Native multi-token-prediction (MTP) heads: find them in a checkpoint, build them beside the mlx-lm model.
 
 Two layouts (key names as in the public checkpoints and vLLM's loaders):
-- DeepSeek-V3: an extra layer `model.layers.{num_hidden_layers}` with `enorm`, `hnorm`, `eh_proj`,
-  `shared_head.{norm,head}` and an ordinary decoder layer; the hidden state fed to the next depth is the
-  layer output before `shared_head.norm`.
-- Qwen3-Next / Qwen3.5: `mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm}` and `mtp.layers.0.*` (a
-  full-attention decoder layer), the model's own LM head; the fed-back hidden state is after `mtp.norm`.
-  Their RMSNorm weights are stored zero-centred (applied as 1 + w): shifted exactly when mlx-lm shifted the
-  main model's.
-
-A head takes the target's last (post-norm) hidden state h_t and the next token x_{t+1}, normalises each,
-concatenates [embedding, hidden], projects 2H -> H, runs its decoder layer (own KV cache) and the LM head:
-logits for x_{t+2}. mlx-lm drops these weights when it loads the model; `strip_sanitize` makes sure it
-does for every layout, so the target loads strictly either way.
+- DeepSeek-V3: an extra layer `model.layers.{num_hidden_layers}` (`enorm`, `hnorm`, `eh_proj`, `shared_head.{norm,
+  head}` and an ordinary decoder layer); the hidden state fed to the next depth is the layer output before
+  `shared_head.norm`.
+- Qwen3-Next / Qwen3.5: `mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm}` and `mtp.layers.0.*` (a full-attention
+  decoder layer), the model's own LM head; the fed-back hidden state is after `mtp.norm`. RMSNorm weights are stored
+  zero-centred (applied as 1 + w): shifted exactly when mlx-lm shifted the main model's.
+A head normalises the target's last (post-norm) hidden state h_t and the next token's embedding, projects
+[embedding, hidden] 2H -> H, runs its decoder layer (own KV cache) and the LM head: logits for x_{t+2}. mlx-lm drops
+these weights when it loads the model; `strip_sanitize` makes sure it does for every layout (strict loads).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
+import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from safetensors import safe_open
 
-from .errors import ModelError
 from .cache import split_model
+from .errors import ModelError
 
 SUPPORTED = ("deepseek_v3", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 LAYER_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight")
@@ -54,8 +53,6 @@ class MtpSpec:
 
 def weight_keys(folder: Path | str) -> list[str]:
     """Tensor names of a safetensors checkpoint, read from the file headers (no tensor is loaded)."""
-    from safetensors import safe_open
-
     keys = []
     for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors"))):
         with safe_open(f, framework="numpy") as fh:
@@ -116,10 +113,7 @@ class MtpHead(nn.Module):
 
     def __call__(self, hidden: mx.array, tokens: mx.array, embed, lm_head, cache) -> tuple[mx.array, mx.array]:
         """hidden (1, n, H) paired with tokens (1, n) -> (hidden fed to the next depth, logits (1, n, V))."""
-        from mlx_lm.models.base import create_attention_mask
-
-        x = mx.concatenate([self.norm_e(embed(tokens)), self.norm_h(hidden)], axis=-1)
-        x = self.proj(x)
+        x = self.proj(mx.concatenate([self.norm_e(embed(tokens)), self.norm_h(hidden)], axis=-1))
         x = self.layer(x, create_attention_mask(x, cache, return_array=True), cache)
         out = self.norm(x)
         logits = self.head(out) if "head" in self else lm_head(out)
@@ -138,23 +132,17 @@ IGNORED = ("embed_tokens.weight",)  # DeepSeek-V3's copy of the shared embedding
 
 def _layer_module(model, moe: bool) -> tuple[nn.Module, int]:
     """A full-attention decoder layer of the target's family (and the main-model index it is sanitized as)."""
-    import importlib
-
-    text = getattr(model, "language_model", model)
-    args = text.args
+    args = getattr(model, "language_model", model).args
     family = args.model_type
     if family == "deepseek_v3":
-        mod = importlib.import_module("mlx_lm.models.deepseek_v3")
-        a = dataclasses.replace(args, first_k_dense_replace=0 if moe else 1 << 30, moe_layer_freq=1)
-        return mod.DeepseekV3DecoderLayer(a, 0), 0
+        a = replace(args, first_k_dense_replace=0 if moe else 1 << 30, moe_layer_freq=1)
+        return importlib.import_module("mlx_lm.models.deepseek_v3").DeepseekV3DecoderLayer(a, 0), 0
     i = args.full_attention_interval - 1  # a full-attention index of the main model
     if family == "qwen3_next":
-        mod = importlib.import_module("mlx_lm.models.qwen3_next")
-        a = dataclasses.replace(args, mlp_only_layers=[] if moe else [i], decoder_sparse_step=1)
-        return mod.Qwen3NextDecoderLayer(a, i), i
-    mod = importlib.import_module("mlx_lm.models.qwen3_5")
-    a = args if moe or args.num_experts == 0 else dataclasses.replace(args, num_experts=0)
-    return mod.DecoderLayer(a, i), i
+        a = replace(args, mlp_only_layers=[] if moe else [i], decoder_sparse_step=1)
+        return importlib.import_module("mlx_lm.models.qwen3_next").Qwen3NextDecoderLayer(a, i), i
+    a = args if moe or args.num_experts == 0 else replace(args, num_experts=0)
+    return importlib.import_module("mlx_lm.models.qwen3_5").DecoderLayer(a, i), i
 
 
 def _main_layer_prefix(keys: list[str], spec: MtpSpec) -> str:
@@ -174,9 +162,8 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
                          f"supported: DeepSeek-V3 and Qwen3-Next/Qwen3.5 layouts ({', '.join(SUPPORTED)})")
     prefix = _main_layer_prefix(weight_keys(folder), spec)  # e.g. model.layers. / model.language_model.layers.
     final_norm = prefix[: -len("layers.")] + "norm.weight"
-    raw: dict[str, mx.array] = {}
-    for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors"))):
-        raw.update({k: v for k, v in mx.load(f).items() if spec.owns(k) or k == final_norm})
+    raw = {k: v for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors")))
+           for k, v in mx.load(f).items() if spec.owns(k) or k == final_norm}
     first = spec.prefix if spec.layout == "deepseek" else spec.prefix + "layers.0."
     own = {k[len(spec.prefix):]: v for k, v in raw.items() if k.startswith(spec.prefix) and not k.startswith(first)}
     layer_raw = {k[len(first):]: v for k, v in raw.items() if k.startswith(first)}
@@ -197,18 +184,16 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     final = raw.get(final_norm)
     shifted = final is not None and mx.allclose(inner.norm.weight, final + 1.0).item() and not mx.allclose(
         inner.norm.weight, final).item()
+    head_w = {NAMES[spec.layout][k]: v for k, v in own.items() if k in NAMES[spec.layout]}
     if shifted:
         for k, v in layer_w.items():
             if any(("." + k).endswith(s) for s in LAYER_NORMS) and v.ndim == 1 and mx.array_equal(v, layer_raw[k]).item():
                 layer_w[k] = v + 1.0
-    head_w = {NAMES[spec.layout][k]: v for k, v in own.items() if k in NAMES[spec.layout]}
-    if shifted:
         head_w = {k: v + 1.0 if k.startswith("norm") else v for k, v in head_w.items()}
 
     tc = text_config(config)
-    hidden = tc["hidden_size"]
     own_head = head_w["head.weight"].shape[0] if "head.weight" in head_w else None
-    head = MtpHead(spec.layout, hidden, tc.get("rms_norm_eps", 1e-6), layer, own_head)
+    head = MtpHead(spec.layout, tc["hidden_size"], tc.get("rms_norm_eps", 1e-6), layer, own_head)
     weights = list(head_w.items()) + [(f"layer.{k}", v) for k, v in layer_w.items()]
     try:
         head.load_weights(weights, strict=True)

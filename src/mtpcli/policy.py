@@ -3,45 +3,16 @@ per second of cycle time. Pure: no model, no arrays; it sees committed contexts 
 
     score(s, k) = sum over rows of E_b[tokens | s, k]  /  T(s, k)        (width 0 = a plain step, E = 1 per row)
 
-E comes from per-row, per-source, per-position conditional acceptance estimates: the kept acceptance by position
-(learnt over runs) moved by the row's log-odds shift of it (`row_shift`), which is the sum of two parts. First, how
-sure the target has been of the row's recent tokens against how sure it was where the kept acceptance was measured
-(`offset`, `observe`: a draft model that imitates the target agrees with it about as often as the target is sure, so
-prose, which the target is unsure of, expects less of the draft model than the code the table was learnt on, before
-a draft is paid for). Second, how the row's drafts fared against that (a MAP fit to its outcomes: position i counts
-only in cycles whose draft reached it and had not been rejected before it, so a fully accepted draft says nothing
-about the positions it did not reach: censored; a draft that a confidence floor cut short at n after n passed counts
-as rejected at n: it commits n + 1 tokens, as a rejection there would); a row whose drafts fail at the first
-positions expects less at the deeper ones too, which it never reached. The counts decay every cycle, so a source
-that has not been tried for a while drifts back to the kept acceptance moved by the row's offset and is tried again
-(exploration at a bounded cost). The kept table holds each source's acceptance by position and the confidence it was
-measured at. A deterministic source tells before drafting how many tokens it has for each row (`available`); a row
-with fewer gets only those. N-gram lookup and the history also estimate each token's chance (from the match behind
-it); such a source is expected what it estimates, calibrated per row: a log-odds shift fitted to how that row's
-drafted tokens of the source fared against their estimates (`shift`; a file being edited repeats its prompt far more
-surely than a two-token match in general text says), around the shift kept from earlier runs. A draft model's
-confidence per token (drafters.passes) is calibrated the same way where it decides how far a draft goes.
-
-T(s, k) = plain + fixed[s] + k * per_token[s]: the intercept of a line fitted to the cycles (all but chained plain
-steps), plus what a cycle of source s costs whatever its width (a draft model's catch-up on the tokens committed
-since it last drafted: a lookup cycle does not pay it), plus the seconds each drafted token of source s adds
-(drafting it and verifying it); T(none, 0) = step: a plain step's own seconds, measured apart (in a run of plain
-steps each is launched before the previous one is read: on a GPU that hides the host's work, on a CPU, where a
-launch computes its pass, little). Each cycle is charged the pass it launched (engine.Cycle.launch_s). The choice
-uses a fixed `Costs` table for the whole run: the one earlier runs on this machine left (the run log keeps it per
-model, draft, machine, sampling and batch size; it also holds each source's acceptance by position, the prior of a
-row's estimates), or the prior from the models' sizes. Meanwhile `Measured` records this run, to be kept for the
-next one. A source's expected tokens get an exploration bonus that shrinks with the evidence (EXPLORE / (1 +
-(reached + the row's tests of the source) / 2)), so a source the table calls poor is still tried now and then. So
-the choice depends on the committed tokens, the earlier acceptances and a fixed table, never on this cycle's draws
-(the exact law holds), and the same seed with the same stored table gives the same output.
-
-Within a cycle, a source that drafts autoregressively stops where the next token is not worth its cost: one more
-token brings (chance that it and every draft before it pass) tokens for per_token[s] seconds, worth it while that is
-at least what plain steps make in that time, so no further draft step once the chance falls below per_token[s] /
-plain, and a token already drawn is dropped only if that chance is not worth its verification alone (`floor`; the
-chance: from the draft's own confidence, drafters.passes). The policy picks the widest a draft may go; the
-draft's confidence cuts it where it is unsure.
+E: per row, source and position, the kept acceptance (learnt over runs) moved in log-odds by the row's shift: how
+sure the target is of the row's text against where the table was measured (`offset`), and how the row's drafts
+fared (a censored MAP fit); sources that estimate their own tokens (n-gram lookup, the history) are expected what
+they estimate, calibrated per row (`shift`). Counts decay, and an exploration bonus shrinks with the evidence, so a
+source the table calls poor is still tried now and then. T(s, k) = plain + fixed[s] + k * per_token[s], a plain
+step's own time apart: a `Costs` table fixed for the run (this machine's, kept in the run log, or a prior from the
+models' sizes), while `CostFit` measures this run's for the next. A source that drafts autoregressively stops where
+one more token is worth less than plain steps make in its time (`floor`, carried by Plan.stop). The choice depends
+on committed tokens, earlier acceptances and a fixed table only, never on this cycle's draws: the exact law holds,
+and the same seed with the same kept table gives the same output. docs/policy.md says all of it at length.
 """
 
 from __future__ import annotations
@@ -438,7 +409,8 @@ class AutoPolicy(WidthPolicy):
         """How far (in log-odds, within CONF_CAP) the target's confidence in this row's recent tokens (`observe`)
         is from its confidence where the source's kept acceptance was measured: a draft source that imitates
         the target agrees with it about as often as the target is sure (the 0.5B draft's greedy agreement and the
-        1.5B target's mean largest probability, per text: docs/perf/auto.md, bench/confidence_signal.py), so a row
+        1.5B target's mean largest probability, per text: docs/perf/auto.md; bench/confidence_signal.py at
+        b092569), so a row
         whose text the target is less sure of expects fewer of its drafts to pass, before it pays for them. 0
         where no confidence is kept for the source (a first run; a source that estimates its own tokens, whose
         confidence is not kept: `measured`, calibrated on its own by `shift`)."""

@@ -30,15 +30,12 @@ class Item:
         return Path(self.source).stem if ":" not in self.source else self.source.rsplit("/", 1)[-1]
 
 
-def warn(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def decode(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        warn(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD")
+        print(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD",
+              file=sys.stderr, flush=True)
         return data.decode("utf-8", errors="replace")
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
 import sys
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Any, Sequence, TextIO
 
 from .errors import UsageError
-
-METRICS = ("tokens_per_cycle", "acceptance_rate", "decode_tps", "prefill_tps", "ttft_s", "generated_tokens")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None,
@@ -35,17 +35,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | N
     widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     if title:
         print(title, file=out)
-    print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)).rstrip(), file=out)
-    for r in cells:
+    for r in [[str(h) for h in headers], *cells]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
 
 
 def _fmt(x: Any) -> str:
-    if x is None:
-        return "-"
     if isinstance(x, float):
         return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
-    return str(x)
+    return "-" if x is None else str(x)
 
 
 def parse_since(text: str) -> float:
@@ -75,41 +72,32 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
     st = [r["stats"] for r in records]
     drafted = sum(s["drafted"] for s in st)
     med = lambda key: statistics.median(s[key] for s in st) if st else None  # noqa: E731
-    return {
-        "runs": len(st),
-        "tokens": sum(s["generated_tokens"] for s in st),
-        "median_tokens_per_cycle": med("tokens_per_cycle"),
-        "acceptance": sum(s["accepted"] for s in st) / drafted if drafted else 0.0,
-        "median_decode_tps": med("decode_tps"),
-        "median_prefill_tps": med("prefill_tps"),
-        "median_ttft_s": med("ttft_s") if all(s["ttft_s"] is not None for s in st) else None,
-    }
+    return {"runs": len(st), "tokens": sum(s["generated_tokens"] for s in st),
+            "median_tokens_per_cycle": med("tokens_per_cycle"),
+            "acceptance": sum(s["accepted"] for s in st) / drafted if drafted else 0.0,
+            "median_decode_tps": med("decode_tps"), "median_prefill_tps": med("prefill_tps"),
+            "median_ttft_s": med("ttft_s") if all(s["ttft_s"] is not None for s in st) else None}
 
 
 def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
     """What each draft source contributed over these runs (and the plain steps, width 0, apart)."""
-    from .stats import SourceStats
+    from .stats import SourceStats, plain_last, rates_text
 
     pooled: dict[str, SourceStats] = {}
-    runs: dict[str, int] = {}
+    runs: Counter = Counter()
     total_s = 0.0
     for r in records:
-        sources = r["stats"].get("sources") or {}
-        for name, d in sources.items():
+        for name, d in (r["stats"].get("sources") or {}).items():
             st = SourceStats.from_dict(d)
-            pooled[name] = pooled[name].merge(st) if name in pooled else st
-            runs[name] = runs.get(name, 0) + 1
+            pooled[name] = pooled.get(name, SourceStats()).merge(st)
+            runs[name] += 1
             total_s += st.seconds
-    out = {}
-    for name, st in sorted(pooled.items(), key=lambda kv: (kv[0] == "plain", kv[0])):
-        d = st.to_dict(total_s)
-        out[name] = {"runs": runs[name], "cycles": st.cycles, "drafted": st.drafted, "accepted": st.accepted,
-                     "acceptance": d["acceptance_rate"], "tokens_per_cycle": d["tokens_per_cycle"],
-                     "accept_by_position": " ".join(f"{x:.2f}" for x in d["accept_by_position"]) or "-",
-                     "time_share": d["time_share"]}
-    if not out:
+    if not pooled:
         raise UsageError("--by source: none of these runs has per-source statistics (runs before draft = auto)")
-    return out
+    return {name: {"runs": runs[name], "cycles": st.cycles, "drafted": st.drafted, "accepted": st.accepted,
+                   "acceptance": st.acceptance_rate, "tokens_per_cycle": st.tokens_per_cycle,
+                   "accept_by_position": rates_text(st.accept_by_position) or "-",
+                   "time_share": st.seconds / total_s if total_s > 0 else 0.0} for name, st in plain_last(pooled)}
 
 
 def group_by(records: list[dict], field: str) -> dict[str, dict[str, Any]]:
@@ -125,23 +113,19 @@ def group_by(records: list[dict], field: str) -> dict[str, dict[str, Any]]:
 
 def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
     """Rows of metric, A, B, B/A."""
-    rows = []
-    for key in a:
-        va, vb = a[key], b[key]
-        ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
-        rows.append([key, va, vb, ratio])
-    return rows
+    num = lambda v: isinstance(v, (int, float))  # noqa: E731
+    return [[k, a[k], b[k], b[k] / a[k] if num(a[k]) and num(b[k]) and a[k] else None] for k in a]
 
 
 def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
     """What a chart or table needs to name its run: id, model, profile, law and draft source."""
-    settings = (record or {}).get("settings") or stats.get("settings") or {}
-    parts = [f"run {record['id']}" if record and "id" in record else fallback]
-    for key, label in (("model", "model"), ("draft_model", "draft model"), ("profile", "profile"),
-                       ("law", "law"), ("draft", "draft")):
-        value = (record or {}).get(key) if key == "profile" and record else settings.get(key)
+    rec = record or {}
+    settings = rec.get("settings") or stats.get("settings") or {}
+    parts = [f"run {rec['id']}" if "id" in rec else fallback]
+    for key in ("model", "draft_model", "profile", "law", "draft"):  # the profile from the record, where there is one
+        value = rec.get(key) if key == "profile" and rec else settings.get(key)
         if value:
-            parts.append(f"{label} {value}")
+            parts.append(f"{key.replace('_', ' ')} {value}")
     if settings.get("temp"):
         parts.append(f"T={settings['temp']:g}")
     return " · ".join(parts)
@@ -160,15 +144,12 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
         raise UsageError("--plot needs matplotlib: pip install 'mtpcli[plot]' (or pip install matplotlib)") from None
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     fig.suptitle(title, fontsize=10)
-    for a, key, name, xlabel in ((ax[0, 0], "accept_length_hist", "Accepted draft tokens per cycle",
-                                  "draft tokens accepted in a cycle"),
-                                 (ax[0, 1], "draft_width_hist", "Draft width per cycle (0 = plain step)",
-                                  "tokens drafted in a cycle")):
+    hists = (("accept_length_hist", "Accepted draft tokens per cycle", "draft tokens accepted in a cycle"),
+             ("draft_width_hist", "Draft width per cycle (0 = plain step)", "tokens drafted in a cycle"))
+    for a, (key, name, xlabel) in zip(ax[0], hists):
         h = stats.get(key, {})
         a.bar([int(k) for k in h], list(h.values()))
-        a.set_title(name)
-        a.set_xlabel(xlabel)
-        a.set_ylabel("cycles")
+        a.set(title=name, xlabel=xlabel, ylabel="cycles")
     sources = {k: v for k, v in (stats.get("sources") or {}).items() if k != "plain"}
     a = ax[1, 0]
     if not sources and stats.get("accept_by_position"):
@@ -177,10 +158,8 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
     for i, (name, d) in enumerate(sorted(sources.items())):
         pos = d.get("accept_by_position", [])
         a.bar([j + 1 + (i - (len(sources) - 1) / 2) * width for j in range(len(pos))], pos, width, label=name)
-    a.set_title("Acceptance by draft position, per source")
-    a.set_xlabel("draft position (1 = first drafted token)")
-    a.set_ylabel("accepted / reached")
-    a.set_ylim(0, 1)
+    a.set(title="Acceptance by draft position, per source", xlabel="draft position (1 = first drafted token)",
+          ylabel="accepted / reached", ylim=(0, 1))
     if sources:
         a.legend(title="source")
     a = ax[1, 1]
@@ -192,9 +171,7 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
         a.legend(title="source", fontsize=8)
     else:
         a.plot(range(1, len(widths) + 1), widths, drawstyle="steps-mid")
-    a.set_title("Source and draft width chosen, cycle by cycle")
-    a.set_xlabel("cycle")
-    a.set_ylabel("draft width (tokens)")
+    a.set(title="Source and draft width chosen, cycle by cycle", xlabel="cycle", ylabel="draft width (tokens)")
     for a in ax.flat:
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
     for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
@@ -228,7 +205,8 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             raise UsageError(f"--export {export!r}: the only format is jsonl")
         for r in records:
             print(json.dumps(r))
-    elif compare:
+        return
+    if compare:
         if len(compare) != 2:
             raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
         by_id = all(x.isdigit() for x in compare)
@@ -239,26 +217,20 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
                 raise UsageError(f"--compare {key}: no matching runs in the log")
             sides.append(aggregate(picked))
         rows = compare_rows(*sides)
-        if as_json:
-            print(json.dumps({"a": compare[0], "b": compare[1], "rows": rows}))
-        else:
-            table(["metric", compare[0], compare[1], "ratio B/A"], rows)
+        doc, headers = {"a": compare[0], "b": compare[1], "rows": rows}, ["metric", *compare, "ratio B/A"]
     elif by:
-        groups = group_by(records, by)
-        if as_json:
-            print(json.dumps(groups))
-        else:
-            keys = list(next(iter(groups.values())))
-            table([by, *keys], [[name, *g.values()] for name, g in groups.items()])
+        doc = group_by(records, by)
+        headers, rows = [by, *next(iter(doc.values()))], [[name, *g.values()] for name, g in doc.items()]
     elif last:
-        picked = records[-last:]
-        if as_json:
-            print(json.dumps(picked))
-        else:
-            table(*recent_rows(picked))
+        doc = records[-last:]
+        headers, rows = recent_rows(doc)
     else:
         r = records[-1]
-        _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"))
+        return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"))
+    if as_json:
+        print(json.dumps(doc))
+    else:
+        table(headers, rows)
 
 
 def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> None:
@@ -277,7 +249,7 @@ def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> No
         print(f"wrote {plot_path}", file=sys.stderr)
 
 
-# ---- `mtpcli history stats` ------------------------------------------------------------------------------------
+# ---- `mtpcli history stats` and `mtpcli history export` ---------------------------------------------------------
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -334,3 +306,29 @@ def history_stats(as_json: bool = False) -> None:
         print(f"history drafts in {u['runs']} logged runs: {human_count(u['drafted'])} tokens drafted in "
               f"{u['cycles']} cycles, {u['acceptance']:.0%} accepted; they supplied {u['share_of_tokens']:.0%} of the "
               f"{human_count(u['tokens'])} tokens those runs generated")
+
+
+def history_export(text: bool = False) -> None:
+    """Every kept output as a JSON line on stdout, oldest first; with TEXT, its decoded text too."""
+    from . import history
+
+    tokenizer = functools.cache(_tokenizer)  # each model's loaded once
+    for doc in history.export():
+        if text:
+            tok = tokenizer(doc["model"])
+            doc["text"] = tok.decode(doc["output"]) if tok else None
+        print(json.dumps(doc))
+
+
+def _tokenizer(model: str):
+    """The model's tokenizer; None (with a warning) where it has none."""
+    from mlx_lm.utils import load_tokenizer
+
+    from . import models
+
+    try:
+        path = models.resolve(model)
+        return load_tokenizer(path) if not isinstance(path, str) else None
+    except Exception as e:  # noqa: BLE001 - the ids are still exported
+        print(f"mtpcli: warning: no tokenizer for {model} ({e}); its outputs have text null", file=sys.stderr)
+        return None

@@ -1,4 +1,5 @@
-"""The run log: one SQLite record per generate run or bench arm (WAL mode; a record is all or nothing)."""
+"""The run log: one SQLite record per generate run or bench arm (WAL mode; a record is all or nothing), and the
+SQLite plumbing it shares with the history store."""
 
 from __future__ import annotations
 
@@ -16,24 +17,11 @@ from .errors import UsageError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  time REAL NOT NULL,
-  command TEXT NOT NULL,
-  profile TEXT,
-  model TEXT,
-  draft TEXT,
-  prompt_tokens INTEGER,
-  prompt_hash TEXT,
-  prompt TEXT,
-  settings TEXT NOT NULL,
-  stats TEXT NOT NULL,
-  status INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS costs (
-  key TEXT PRIMARY KEY,
-  value TEXT NOT NULL,
-  time REAL NOT NULL
-)"""
+  id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, command TEXT NOT NULL, profile TEXT, model TEXT,
+  draft TEXT, prompt_tokens INTEGER, prompt_hash TEXT, prompt TEXT, settings TEXT NOT NULL, stats TEXT NOT NULL,
+  status INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, value TEXT NOT NULL, time REAL NOT NULL)"""
+JSON_COLUMNS = ("command", "settings", "stats")
 
 
 def data_dir() -> Path:
@@ -49,9 +37,9 @@ def disabled() -> bool:
 
 
 def use_wal(con: sqlite3.Connection) -> None:
-    """Put the database in write-ahead-log mode (kept in the file: later connections find it so). Changing the mode
-    takes the database for itself and does not wait for other connections (no busy handler: "database is locked" at
-    once while another process opens or writes the same new file), so it is tried again for a few seconds."""
+    """Put the database in write-ahead-log mode (kept in the file). Changing the mode does not wait for other
+    connections ("database is locked" at once while another process opens or writes the same new file), so it is
+    tried again for a few seconds."""
     deadline = time.monotonic() + 5.0
     while True:
         try:
@@ -64,125 +52,27 @@ def use_wal(con: sqlite3.Connection) -> None:
             time.sleep(0.05)
 
 
-def _connect(path: Path, create: bool) -> sqlite3.Connection:
+def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None = None,
+            pragmas: tuple[str, ...] = ()) -> sqlite3.Connection:
+    """Connect (autocommit, 30 s busy timeout) and check that `table` reads; with `create`, make the folder, the
+    file (with `mode`, if new), WAL mode, `pragmas` and `schema` first. sqlite3 errors pass through."""
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
-    elif not path.is_file():
-        raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
+        if mode is not None and not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+    con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
     try:
-        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         con.execute("PRAGMA busy_timeout = 30000")
         if create:
             use_wal(con)
-            con.executescript(SCHEMA)
-        con.execute("SELECT count(*) FROM runs").fetchone()
-    except sqlite3.DatabaseError as e:
-        raise UsageError(f"run log {path} is unreadable ({e}); left untouched") from None
+            for pragma in pragmas:
+                con.execute(pragma)
+            con.executescript(schema)
+        con.execute(f"SELECT count(*) FROM {table}").fetchone()
+    except BaseException:
+        con.close()
+        raise
     return con
-
-
-def append(record: dict[str, Any], path: Path | None = None) -> int:
-    con = _connect(path or log_path(), create=True)
-    try:
-        with con:  # one transaction: the record is written whole or not at all
-            cur = con.execute(
-                "INSERT INTO runs (time, command, profile, model, draft, prompt_tokens, prompt_hash, prompt,"
-                " settings, stats, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (record["time"], json.dumps(record["command"]), record.get("profile"), record.get("model"),
-                 record.get("draft"), record.get("prompt_tokens"), record.get("prompt_hash"), record.get("prompt"),
-                 json.dumps(record["settings"]), json.dumps(record["stats"]), record["status"]),
-            )
-            return cur.lastrowid
-    finally:
-        con.close()
-
-
-_warned = False
-
-
-def append_safely(*, command, settings, profile, model, draft, prompt, stats, status, started,
-                  prompt_text: str | None = None, log: bool = True) -> int | None:
-    """Append a record; on any storage failure warn once on stderr and carry on."""
-    global _warned
-    if not log or disabled():
-        return None
-    record = {
-        "time": started, "command": list(command), "profile": profile, "model": model, "draft": draft,
-        "prompt_tokens": len(prompt), "prompt_hash": hashlib.sha256(json.dumps(list(prompt)).encode()).hexdigest()[:16],
-        "prompt": prompt_text, "settings": settings, "stats": stats, "status": status,
-    }
-    try:
-        return append(record)
-    except (OSError, sqlite3.Error, UsageError) as e:
-        if not _warned:
-            print(f"mtpcli: warning: run not logged ({log_path()}): {e}", file=sys.stderr)
-            _warned = True
-        return None
-
-
-def _row(r: sqlite3.Row) -> dict[str, Any]:
-    d = dict(r)
-    d["command"] = json.loads(d["command"])
-    d["settings"] = json.loads(d["settings"])
-    d["stats"] = json.loads(d["stats"])
-    return d
-
-
-def query(*, last: int | None = None, since: float | None = None, model: str | None = None,
-          profile: str | None = None, ids: list[int] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
-    """Records, oldest first, after filters; `last` keeps the newest N."""
-    con = _connect(path or log_path(), create=False)
-    con.row_factory = sqlite3.Row
-    where, args = [], []
-    if since is not None:
-        where.append("time >= ?")
-        args.append(since)
-    if model:
-        where.append("model = ?")
-        args.append(model)
-    if profile:
-        where.append("profile = ?")
-        args.append(profile)
-    if ids:
-        where.append(f"id IN ({','.join('?' * len(ids))})")
-        args.extend(ids)
-    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
-    if last:
-        sql += f" LIMIT {int(last)}"
-    try:
-        rows = [_row(r) for r in con.execute(sql, args)]
-    except sqlite3.DatabaseError as e:
-        raise UsageError(f"run log {path or log_path()} is unreadable ({e}); left untouched") from None
-    finally:
-        con.close()
-    return rows[::-1]
-
-
-def clear(path: Path | None = None) -> int:
-    con = _connect(path or log_path(), create=False)
-    try:
-        with con:
-            return con.execute("DELETE FROM runs").rowcount
-    finally:
-        con.close()
-
-
-# ---- cycle costs of draft = auto, per model, draft model, machine (policy.Costs) ------------------------------
-
-def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
-    """The stored costs, or None (none yet, logging off, or an unreadable log: then the prior is used)."""
-    path = path or log_path()
-    if disabled() or not path.is_file():
-        return None
-    try:
-        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        try:
-            row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
-        finally:
-            con.close()
-        return json.loads(row[0]) if row else None
-    except (sqlite3.Error, ValueError):
-        return None  # an old log without the table, or a damaged one: left untouched
 
 
 @contextlib.contextmanager
@@ -199,6 +89,88 @@ def writing(con: sqlite3.Connection):
             raise
     finally:
         con.close()
+
+
+def _unreadable(path: Path, e: Exception) -> UsageError:
+    return UsageError(f"run log {path} is unreadable ({e}); left untouched")
+
+
+def _connect(path: Path, create: bool) -> sqlite3.Connection:
+    if not create and not path.is_file():
+        raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
+    try:
+        return open_db(path, SCHEMA, "runs", create)
+    except sqlite3.DatabaseError as e:
+        raise _unreadable(path, e) from None
+
+
+_warned = False
+
+
+def append_safely(*, command, settings, profile, model, draft, prompt, stats, status, started,
+                  prompt_text: str | None = None, log: bool = True) -> int | None:
+    """Append a record (one transaction: whole or not at all), its id; on any storage failure warn once on stderr
+    and carry on."""
+    global _warned
+    if not log or disabled():
+        return None
+    digest = hashlib.sha256(json.dumps(list(prompt)).encode()).hexdigest()[:16]
+    values = (started, json.dumps(list(command)), profile, model, draft, len(prompt), digest, prompt_text,
+              json.dumps(settings), json.dumps(stats), status)
+    try:
+        with writing(_connect(log_path(), create=True)) as con:
+            return con.execute("INSERT INTO runs (time, command, profile, model, draft, prompt_tokens, prompt_hash,"
+                               " prompt, settings, stats, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)", values).lastrowid
+    except (OSError, sqlite3.Error, UsageError) as e:
+        if not _warned:
+            print(f"mtpcli: warning: run not logged ({log_path()}): {e}", file=sys.stderr)
+            _warned = True
+        return None
+
+
+def query(*, last: int | None = None, since: float | None = None, model: str | None = None,
+          profile: str | None = None, ids: list[int] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
+    """Records, oldest first, after filters; `last` keeps the newest N."""
+    path = path or log_path()
+    con = _connect(path, create=False)
+    con.row_factory = sqlite3.Row
+    where, args = [], []
+    for on, cond, values in ((since is not None, "time >= ?", [since]), (model, "model = ?", [model]),
+                             (profile, "profile = ?", [profile]),
+                             (ids, f"id IN ({','.join('?' * len(ids or ()))})", ids)):
+        if on:
+            where.append(cond)
+            args.extend(values)
+    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
+    if last:
+        sql += f" LIMIT {int(last)}"
+    try:
+        rows = [{**dict(r), **{c: json.loads(r[c]) for c in JSON_COLUMNS}} for r in con.execute(sql, args)]
+    except sqlite3.DatabaseError as e:
+        raise _unreadable(path, e) from None
+    finally:
+        con.close()
+    return rows[::-1]
+
+
+def clear(path: Path | None = None) -> int:
+    with writing(_connect(path or log_path(), create=False)) as con:
+        return con.execute("DELETE FROM runs").rowcount
+
+
+# ---- cycle costs of draft = auto, per model, draft model, machine (policy.Costs) ------------------------------
+
+def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
+    """The stored costs, or None (none yet, logging off, or an unreadable log: then the prior is used)."""
+    path = path or log_path()
+    if disabled() or not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=30.0, isolation_level=None)) as con:
+            row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+    except (sqlite3.Error, ValueError):
+        return None  # an old log without the table, or a damaged one: left untouched
 
 
 def update_costs(key: str, settle, path: Path | None = None) -> None:

@@ -12,45 +12,32 @@ PLAIN = "plain"  # the name of width-0 cycles (plain decoding steps) in per-sour
 
 
 @dataclass
-class SourceStats:
-    """One draft source's share of a run (or the plain steps')."""
+class _Drafts:
+    """What a run and each source's share of it count alike: cycles, drafted and accepted tokens, by position."""
 
     cycles: int = 0
     drafted: int = 0
     accepted: int = 0
-    committed: int = 0
-    seconds: float = 0.0
-    reached: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
+    reached: list[int] = field(default_factory=list)  # cycles that drafted position i
+    accepted_at: list[int] = field(default_factory=list)  # cycles that accepted position i
 
-    def record(self, drafted: int, accepted: int, committed: int, seconds: float) -> None:
+    def _count(self, drafted: int, accepted: int) -> None:
         self.cycles += 1
         self.drafted += drafted
         self.accepted += accepted
-        self.committed += committed
-        self.seconds += seconds
-        _count_positions(self.reached, self.accepted_at, drafted, accepted)
+        for counts in (self.reached, self.accepted_at):
+            counts.extend([0] * (drafted - len(counts)))
+        for i in range(drafted):
+            self.reached[i] += 1
+            self.accepted_at[i] += int(i < accepted)
 
-    def merge(self, other: "SourceStats") -> "SourceStats":
-        return SourceStats(self.cycles + other.cycles, self.drafted + other.drafted, self.accepted + other.accepted,
-                           self.committed + other.committed, self.seconds + other.seconds,
-                           _add(self.reached, other.reached), _add(self.accepted_at, other.accepted_at))
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
 
-    def to_dict(self, total_s: float) -> dict[str, Any]:
-        return {"cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
-                "committed": self.committed, "seconds": self.seconds,
-                "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
-                "tokens_per_cycle": self.committed / self.cycles if self.cycles else 0.0,
-                "accept_by_position": [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached)],
-                "reached_by_position": list(self.reached),
-                "time_share": self.seconds / total_s if total_s > 0 else 0.0}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SourceStats":
-        reached = list(d.get("reached_by_position", []))
-        return cls(d.get("cycles", 0), d.get("drafted", 0), d.get("accepted", 0), d.get("committed", 0),
-                   d.get("seconds", 0.0), reached,
-                   [round(a * r) for a, r in zip(d.get("accept_by_position", []), reached)])
+    @property
+    def accept_by_position(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached)]
 
 
 def _add(xs: list[int], ys: list[int]) -> list[int]:
@@ -59,25 +46,57 @@ def _add(xs: list[int], ys: list[int]) -> list[int]:
     return [a + b for a, b in zip(xs + [0] * (n - len(xs)), ys + [0] * (n - len(ys)))]
 
 
-def _count_positions(reached: list[int], accepted_at: list[int], drafted: int, accepted: int) -> None:
-    while len(reached) < drafted:
-        reached.append(0)
-        accepted_at.append(0)
-    for i in range(drafted):
-        reached[i] += 1
-        if i < accepted:
-            accepted_at[i] += 1
+@dataclass
+class SourceStats(_Drafts):
+    """One draft source's share of a run (or the plain steps')."""
+
+    committed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return self.committed / self.cycles if self.cycles else 0.0
+
+    def record(self, drafted: int, accepted: int, committed: int, seconds: float) -> None:
+        self._count(drafted, accepted)
+        self.committed += committed
+        self.seconds += seconds
+
+    def merge(self, other: "SourceStats") -> "SourceStats":
+        return SourceStats(self.cycles + other.cycles, self.drafted + other.drafted, self.accepted + other.accepted,
+                           _add(self.reached, other.reached), _add(self.accepted_at, other.accepted_at),
+                           self.committed + other.committed, self.seconds + other.seconds)
+
+    def to_dict(self, total_s: float) -> dict[str, Any]:
+        return {"cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
+                "committed": self.committed, "seconds": self.seconds, "acceptance_rate": self.acceptance_rate,
+                "tokens_per_cycle": self.tokens_per_cycle, "accept_by_position": self.accept_by_position,
+                "reached_by_position": list(self.reached),
+                "time_share": self.seconds / total_s if total_s > 0 else 0.0}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SourceStats":
+        reached = list(d.get("reached_by_position", []))
+        accepted_at = [round(a * r) for a, r in zip(d.get("accept_by_position", []), reached)]  # back from the rates
+        return cls(d.get("cycles", 0), d.get("drafted", 0), d.get("accepted", 0), reached, accepted_at,
+                   d.get("committed", 0), d.get("seconds", 0.0))
+
+
+def plain_last(sources: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Sources by name, the plain steps last."""
+    return sorted(sources.items(), key=lambda kv: (kv[0] == PLAIN, kv[0]))
+
+
+def rates_text(rates: list[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in rates)
 
 
 @dataclass
-class RunStats:
+class RunStats(_Drafts):
+    """One request's decoding (or several merged): counts, histograms, traces, timings, per-source shares."""
+
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    cycles: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    reached: list[int] = field(default_factory=list)  # cycles that drafted position i
-    accepted_at: list[int] = field(default_factory=list)  # cycles that accepted position i
     accept_lengths: Counter = field(default_factory=Counter)
     draft_widths: Counter = field(default_factory=Counter)
     width_trace: list[int] = field(default_factory=list)
@@ -97,12 +116,9 @@ class RunStats:
 
     def record_cycle(self, drafted: int, accepted: int, committed: int, source: str | None = None,
                      seconds: float = 0.0) -> None:
-        self.cycles += 1
-        self.drafted += drafted
-        self.accepted += accepted
+        self._count(drafted, accepted)
         self.generated_tokens += committed
         self.decode_s += seconds
-        _count_positions(self.reached, self.accepted_at, drafted, accepted)
         name = source if drafted and source else PLAIN
         self.sources.setdefault(name, SourceStats()).record(drafted, accepted, committed, seconds)
         self.source_trace.append(name)
@@ -112,29 +128,21 @@ class RunStats:
         self.tpc_trace.append(committed)
 
     def record_typical(self, positions: int, accepted: int, resampled: bool, entropy_sum: float, floor_sum: float):
-        s = self._typical_sums
-        s["positions"] += positions
-        s["accepted"] += accepted
-        s["resamples"] += int(resampled)
-        s["entropy"] += entropy_sum
-        s["floor"] += floor_sum
+        self._typical_sums.update(positions=positions, accepted=accepted, resamples=int(resampled),
+                                  entropy=entropy_sum, floor=floor_sum)
 
     def merge(self, other: "RunStats") -> "RunStats":
         """Aggregate of two runs of the same settings: a batch's rows, or the completions of -n (a prompt shared
         from an earlier prefill is counted once)."""
         out = RunStats()
-        for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s",
-                     "prefill_tokens", "decode_s"):
-            setattr(out, name, getattr(self, name) + getattr(other, name))
+        for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
+                     "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
+                     "source_trace"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
         out.reached = _add(self.reached, other.reached)
         out.accepted_at = _add(self.accepted_at, other.accepted_at)
-        out.accept_lengths = self.accept_lengths + other.accept_lengths
-        out.draft_widths = self.draft_widths + other.draft_widths
-        out.width_trace = self.width_trace + other.width_trace
-        out.tpc_trace = self.tpc_trace + other.tpc_trace
-        out.source_trace = self.source_trace + other.source_trace
         out.sources = {name: SourceStats().merge(st) for name, st in self.sources.items()}  # copies, not aliases
         for name, st in other.sources.items():
             out.sources[name] = out.sources.get(name, SourceStats()).merge(st)
@@ -142,7 +150,6 @@ class RunStats:
         out.ttft_s = min(ttfts) if ttfts else None
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
         out.controller_estimate = other.controller_estimate
-        out._typical_sums = Counter(self._typical_sums) + Counter(other._typical_sums)
         out.typical = self.typical or other.typical
         return out
 
@@ -153,18 +160,10 @@ class RunStats:
             out = out.merge(r)
         return out
 
-    # ---- derived figures -------------------------------------------------------------------
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
+    # ---- derived figures (acceptance_rate and accept_by_position come from _Drafts) ------------------------------
     @property
     def tokens_per_cycle(self) -> float:
         return self.generated_tokens / self.cycles if self.cycles else 0.0
-
-    @property
-    def accept_by_position(self) -> list[float]:
-        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached)]
 
     @property
     def prefill_tps(self) -> float:
@@ -179,40 +178,24 @@ class RunStats:
             return None
         s = self._typical_sums
         pos = s["positions"]
-        return {
-            **self.typical,
-            "positions": int(pos),
-            "accepted": int(s["accepted"]),
-            "resamples": int(s["resamples"]),
-            "accept_rate": s["accepted"] / pos if pos else 0.0,
-            "mean_entropy": s["entropy"] / pos if pos else 0.0,
-            "mean_floor": s["floor"] / pos if pos else 0.0,
-        }
+        mean = lambda key: s[key] / pos if pos else 0.0  # noqa: E731
+        return {**self.typical, "positions": int(pos), "accepted": int(s["accepted"]),
+                "resamples": int(s["resamples"]), "accept_rate": mean("accepted"), "mean_entropy": mean("entropy"),
+                "mean_floor": mean("floor")}
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "cycles": self.cycles,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.acceptance_rate,
-            "tokens_per_cycle": self.tokens_per_cycle,
-            "accept_by_position": self.accept_by_position,
-            "accept_length_hist": {str(k): v for k, v in sorted(self.accept_lengths.items())},
-            "draft_width_hist": {str(k): v for k, v in sorted(self.draft_widths.items())},
-            "prefill_tps": self.prefill_tps,
-            "decode_tps": self.decode_tps,
-            "ttft_s": self.ttft_s,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "floor_cut_drafts": self.floor_cut,
-            "controller_estimate": self.controller_estimate,
-            "width_trace": self.width_trace,
-            "tokens_per_cycle_trace": self.tpc_trace,
-            "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
-            "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,
-            "source_trace": self.source_trace,
-        }
+        d = {name: getattr(self, name) for name in (
+            "prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate",
+            "tokens_per_cycle", "accept_by_position")}
+        d |= {"accept_length_hist": {str(k): v for k, v in sorted(self.accept_lengths.items())},
+              "draft_width_hist": {str(k): v for k, v in sorted(self.draft_widths.items())},
+              "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps, "ttft_s": self.ttft_s,
+              "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.floor_cut,
+              "controller_estimate": self.controller_estimate, "width_trace": self.width_trace,
+              "tokens_per_cycle_trace": self.tpc_trace,
+              "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
+              "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,
+              "source_trace": self.source_trace}
         if self.typical is not None:
             d["typical_acceptance"] = self.typical_summary()
         return d
@@ -221,15 +204,14 @@ class RunStats:
     def from_dict(cls, d: dict[str, Any]) -> "RunStats":
         """Rebuild enough of a run to render it (used by `mtpcli stats`)."""
         s = cls()
-        for name in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "ttft_s",
-                     "peak_memory_bytes", "controller_estimate"):
-            setattr(s, name, d.get(name) or (None if name in ("ttft_s", "controller_estimate") else 0))
+        for name in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "peak_memory_bytes"):
+            setattr(s, name, d.get(name) or 0)
+        s.ttft_s, s.controller_estimate = d.get("ttft_s") or None, d.get("controller_estimate") or None
         s.floor_cut = d.get("floor_cut_drafts", 0)
         s.accept_lengths = Counter({int(k): v for k, v in d.get("accept_length_hist", {}).items()})
         s.draft_widths = Counter({int(k): v for k, v in d.get("draft_width_hist", {}).items()})
-        # Reconstruct reached/accepted counts from the by-position rates and the width histogram.
-        widths = s.draft_widths
-        s.reached = [sum(c for w, c in widths.items() if w > i) for i in range(max(widths, default=0))]
+        # the counts by position, back from the width histogram and the rates
+        s.reached = [sum(c for w, c in s.draft_widths.items() if w > i) for i in range(max(s.draft_widths, default=0))]
         s.accepted_at = [round(r * n) for r, n in zip(d.get("accept_by_position", []), s.reached)]
         s.width_trace = list(d.get("width_trace", []))
         s.tpc_trace = list(d.get("tokens_per_cycle_trace", []))
@@ -238,13 +220,11 @@ class RunStats:
         s.decode_s = s.generated_tokens / d["decode_tps"] if d.get("decode_tps") else 0.0
         s.prefill_tokens = s.prompt_tokens
         s.prefill_s = s.prompt_tokens / d["prefill_tps"] if d.get("prefill_tps") else 0.0
-        if d.get("typical_acceptance"):
-            t = d["typical_acceptance"]
+        if t := d.get("typical_acceptance"):
+            n = t.get("positions", 0)
             s.typical = {k: t[k] for k in ("enabled", "threshold", "eps", "distribution_exact") if k in t}
-            s._typical_sums = Counter(
-                positions=t.get("positions", 0), accepted=t.get("accepted", 0), resamples=t.get("resamples", 0),
-                entropy=t.get("mean_entropy", 0) * t.get("positions", 0), floor=t.get("mean_floor", 0) * t.get("positions", 0),
-            )
+            s._typical_sums = Counter(positions=n, accepted=t.get("accepted", 0), resamples=t.get("resamples", 0),
+                                      entropy=t.get("mean_entropy", 0) * n, floor=t.get("mean_floor", 0) * n)
         return s
 
 
@@ -263,44 +243,28 @@ def sparkline(values: list[int] | list[float], width: int = 60) -> str:
 
 
 def _hist(c: Counter) -> str:
-    return " ".join(f"{k}:{v}" for k, v in sorted(c.items()))
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return " ".join(f"{k}:{v}" for k, v in sorted(c.items())) or "-"
 
 
 def summary_rows(s: RunStats) -> list[tuple[str, str]]:
-    rows = [
-        ("prompt_tokens", str(s.prompt_tokens)),
-        ("generated_tokens", str(s.generated_tokens)),
-        ("cycles", str(s.cycles)),
-        ("drafted", str(s.drafted)),
-        ("accepted", str(s.accepted)),
-        ("acceptance_rate", f"{s.acceptance_rate:.3f}"),
-        ("tokens_per_cycle", f"{s.tokens_per_cycle:.3f}"),
-        ("accept_by_position", " ".join(f"{x:.2f}" for x in s.accept_by_position) or "-"),
-        ("accept_length_hist", _hist(s.accept_lengths) or "-"),
-        ("draft_width_hist", _hist(s.draft_widths) or "-"),
-        ("prefill_tps", f"{s.prefill_tps:.1f}"),
-        ("decode_tps", f"{s.decode_tps:.2f}"),
-        ("ttft_s", f"{s.ttft_s:.3f}" if s.ttft_s is not None else "-"),
-        ("peak_memory", _mib(s.peak_memory_bytes)),
-    ]
+    rows = [(k, str(getattr(s, k))) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted")]
+    rows += [("acceptance_rate", f"{s.acceptance_rate:.3f}"), ("tokens_per_cycle", f"{s.tokens_per_cycle:.3f}"),
+             ("accept_by_position", rates_text(s.accept_by_position) or "-"),
+             ("accept_length_hist", _hist(s.accept_lengths)), ("draft_width_hist", _hist(s.draft_widths)),
+             ("prefill_tps", f"{s.prefill_tps:.1f}"), ("decode_tps", f"{s.decode_tps:.2f}"),
+             ("ttft_s", f"{s.ttft_s:.3f}" if s.ttft_s is not None else "-"),
+             ("peak_memory", f"{s.peak_memory_bytes / 2**20:.1f} MiB")]
     if s.controller_estimate is not None:
         rows.append(("controller_estimate", f"{s.controller_estimate:.2f}"))
     if s.floor_cut:
         rows.append(("floor_cut_drafts", str(s.floor_cut)))
     if len(s.sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
-        for name, st in sorted(s.sources.items(), key=lambda kv: (kv[0] == PLAIN, kv[0])):
-            d = st.to_dict(s.decode_s)
-            if name == PLAIN:
-                rows.append(("plain_steps", f"{st.cycles} cycles, {d['time_share']:.0%} of decode time"))
-                continue
-            by_pos = " ".join(f"{x:.2f}" for x in d["accept_by_position"])
-            rows.append((f"source {name}", f"{st.cycles} cycles, drafted {st.drafted}, accepted {st.accepted} "
-                         f"({d['acceptance_rate']:.2f}; by position {by_pos}), {d['tokens_per_cycle']:.2f} tokens/cycle, "
-                         f"{d['time_share']:.0%} of decode time"))
+        for name, st in plain_last(s.sources):
+            share = f"{st.seconds / s.decode_s if s.decode_s > 0 else 0.0:.0%} of decode time"
+            rows.append(("plain_steps", f"{st.cycles} cycles, {share}") if name == PLAIN else (
+                f"source {name}", f"{st.cycles} cycles, drafted {st.drafted}, accepted {st.accepted} "
+                f"({st.acceptance_rate:.2f}; by position {rates_text(st.accept_by_position)}), "
+                f"{st.tokens_per_cycle:.2f} tokens/cycle, {share}"))
     return rows
 
 
@@ -317,14 +281,13 @@ def render(s: RunStats, out: TextIO, tty: bool, title: str = "mtpcli run") -> No
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold cyan")
     table.add_column()
-    for k, v in rows:
-        table.add_row(k, v)
     if len(set(s.width_trace)) > 1:
-        table.add_row("draft_width_trace", sparkline(s.width_trace))
+        rows.append(("draft_width_trace", sparkline(s.width_trace)))
     if s.tpc_trace:
-        table.add_row("tokens_per_cycle_trace", sparkline(s.tpc_trace))
+        rows.append(("tokens_per_cycle_trace", sparkline(s.tpc_trace)))
     for label, counter in (("accept_length", s.accept_lengths), ("draft_width", s.draft_widths)):
         total = sum(counter.values()) or 1
-        for k, v in sorted(counter.items()):
-            table.add_row(f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}")
+        rows += [(f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}") for k, v in sorted(counter.items())]
+    for k, v in rows:
+        table.add_row(k, v)
     Console(file=out, force_terminal=True).print(table)

@@ -25,7 +25,6 @@ class Draft:
     chances: list[list[float]] | None = None  # per row, each drafted token's chance to pass as its source
     #                                           estimates it (n-gram match, the draft's confidence), if it does
 
-
     @property
     def k(self) -> int:
         return self.tokens.shape[1]
@@ -52,31 +51,26 @@ def deterministic(found: list[list[int]], chances: list[list[float]] | None = No
     return Draft(tokens, None, lengths, lengths, chances)
 
 
-
 def passes(conf: float, greedy: bool) -> float:
-    """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability): fitted on
-    text that is not the benchmark's (bench/draft_confidence.py, docs/perf/cpu/draft-confidence.txt). At T = 0 the
-    argmaxes agree a little more often than the confidence says; at T > 0 a token passes with probability
-    sum min(p, q), near 0.5 even where the draft is unsure (both fits within about 0.05 of the measured rates in
-    most bins; at or under them in the middle ones, which decide where a draft stops)."""
+    """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability), fitted
+    on text that is not the benchmark's (docs/perf/cpu/draft-confidence.txt, by bench/draft_confidence.py at
+    b092569): at T = 0 the argmaxes agree a little more often than the confidence says; at T > 0 a token passes
+    with probability sum min(p, q), near 0.5 even where the draft is unsure."""
     return 0.1 + 0.9 * conf if greedy else 0.45 + 0.5 * conf * conf
 
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
                 p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
-    (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own
-    keys, so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely
-    token is below p_min (raw softmax at T = 0). draft = auto weighs each step instead: with `chance` per row the
-    product of `passes` over its positions so far (this one's included), summed over the rows still drafting and
-    divided by the batch's rows (a plain step would give each a token),
-    the token just drawn is kept while that is at least `keep` (its verification's cost), and another draft step
-    is taken only while it is at least `go_on` (a step's cost): a step is never run to be thrown away unless its
-    own token is not worth verifying. The rows still drafting stop together (the batch's next draft step and its
-    verify width are paid for all of them, so one row stopping alone would save nothing). All of it depends on
-    q, never on the token a row would draw, so the exact law still holds (one host sync per step, only when
-    asked for). `shift`: per row, a log-odds shift of `passes` (how this row's drafts have fared so far); the
-    draft's `chances` are the unshifted ones."""
+    (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own keys,
+    so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely token
+    is below p_min. draft = auto weighs each step instead (Plan.stop): with `chance` per row the product of
+    `passes` over its positions so far, shifted in log-odds by the row's `shift`, averaged over the batch's rows
+    (a plain step would give each a token), the token just drawn is kept while that is at least `keep` (its
+    verification's cost), and another step is taken only while it is at least `go_on` (a step's cost). The rows
+    still drafting stop together (the batch's next step and its verify width are paid for all of them). All of it
+    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances` are the
+    unshifted ones."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []

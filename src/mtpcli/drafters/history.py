@@ -2,19 +2,14 @@
 suffix of a row's context in what earlier runs produced (history.Store), in what this run finished so far, and in
 the row's own prompt and output; propose the continuation that most often followed that suffix.
 
-A row's context is matched as `prompt OUT output`: stored documents are `[prompt] OUT output END` (the prompt only
-where it was kept), so the first tokens of an answer match the first tokens of earlier answers even though their
-prompts were not kept. Candidates are the most recent CANDIDATES occurrences of the context's last LONG tokens in each
-corpus, or, where there is none, of its last 2; every candidate of the longest match (up to MAX_MATCH tokens) votes
-for the next token, and the draft follows the winning token while its estimated probability, the product over depths
-of votes / (candidates + PSEUDO / match length ** POWER), stays above MIN_PROB (a
-match that reaches back to the start of the answer counts LONG tokens more: the start stands for a prompt that was not
-kept). That is where a draft stops and whether there is one at all; `auto` weighs each token's estimate (`available`)
-against its costs. PSEUDO and POWER were set so that the estimate matches how often a draft token is right on text that
-is not the benchmark's (bench/history_calibrate.py: Python's standard library and the licences under /usr/share/doc):
-a pseudo-count of 1 / match length trusted a phrase seen once after a short match (estimated 0.7, right 0.4).
-Drafts are deterministic functions of the committed tokens and the store (q one-hot): the exact law accepts a token
-with probability p(token).
+A context is matched as `prompt OUT output`, stored documents as `[prompt] OUT output END` (the prompt only where it
+was kept), so an answer's first tokens match earlier answers' first tokens even without their prompts. Candidates
+are the most recent CANDIDATES occurrences of the context's last LONG tokens in each corpus, else of its last 2;
+every candidate of the longest match (up to MAX_MATCH tokens) votes for the next token, and the draft follows the
+winner while the product over depths of votes / (candidates + PSEUDO / match length ** POWER) stays above MIN_PROB
+(a match reaching back to the answer's start counts LONG tokens more: the start stands for a prompt not kept).
+`auto` weighs each token's estimate (`available`) against its costs; PSEUDO and POWER are calibrated in
+docs/perf/history.md. Drafts are deterministic (q one-hot): the exact law accepts a token with p(token).
 """
 
 from __future__ import annotations
@@ -66,7 +61,8 @@ class Index:
 class Corpus:
     """Documents concatenated, END-separated, indexed by their last LONG and last 2 tokens."""
 
-    def __init__(self, docs):
+    def __init__(self, docs: list):
+        self.docs = docs
         parts = [np.array([END], np.int64)]
         for d in docs:
             if d.prompt is not None:
@@ -195,14 +191,10 @@ class HistoryDrafter(Drafter):
         past the one before it merges into it (so indexing n answers costs n log n, not n squared)."""
         session = self.store.session
         if self.taken < len(session):
-            new, self.taken = session[self.taken:], len(session)
-            docs = [list(new)]
-            while self.tiers and self.tiers[-1].docs_n <= sum(len(d) for d in docs):
-                docs.insert(0, self.tiers.pop().docs)
-            merged = [d for part in docs for d in part]
-            tier = Corpus(merged)
-            tier.docs, tier.docs_n = merged, len(merged)
-            self.tiers.append(tier)
+            docs, self.taken = list(session[self.taken:]), len(session)
+            while self.tiers and len(self.tiers[-1].docs) <= len(docs):
+                docs = self.tiers.pop().docs + docs
+            self.tiers.append(Corpus(docs))
         return ([self.base] if self.base is not None else []) + self.tiers
 
     def lookup(self, row: int, context: list[int], k: int) -> list[int]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from . import Draft, Drafter, Lookahead, deterministic
 
 MAX_MATCH = 32  # longest true match measured
-# bench/ngram_calibrate.py (the standard library and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
+# bench/ngram_calibrate.py at b092569 (the standard library and /usr/share/doc, not the benchmark): 8 fits best;
+# 10 leans under
 PSEUDO, POWER = 10.0, 1.5
 
 
