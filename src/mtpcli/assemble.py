@@ -3,12 +3,21 @@ with this machine's kept cost table, and keeps what the run measured for the nex
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
-from . import models
-from .config import AUTO_N_MAX, Config
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from . import history, models, runlog
+from .config import Config
 from .controller import CostAwareController, EmaController, FixedWidth, WidthPolicy
 from .drafters import Drafter, NoDraft
+from .drafters.auto import AutoDrafter
+from .drafters.history import HistoryDrafter
+from .drafters.model import ModelDrafter
+from .drafters.mtp import MtpDrafter
+from .drafters.ngram import NgramDrafter
 from .engine import DecodeConfig, Engine
 from .policy import AutoPolicy, Costs, prior_costs
 from .sampling import SamplingParams
@@ -32,8 +41,6 @@ def width_policy(cfg: Config) -> WidthPolicy:
 
 def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False):
     """The history store of this tokenizer (history.Store; the history drafter reads it); None when it is off."""
-    from . import history
-
     if not cfg.history:
         return None
     return history.Store(history.tokenizer_key(target.tokenizer), str(cfg.model),
@@ -41,11 +48,6 @@ def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False)
 
 
 def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store) -> Drafter:
-    from .drafters.history import HistoryDrafter
-    from .drafters.model import ModelDrafter
-    from .drafters.mtp import MtpDrafter
-    from .drafters.ngram import NgramDrafter
-
     if kind == "ngram":
         return NgramDrafter(cfg.ngram_min, cfg.ngram_max)
     if kind == "history":
@@ -55,14 +57,11 @@ def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded |
     return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
 
 
-def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1,
-           store=None) -> Engine:
+def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None) -> Engine:
     """The engine of a settled configuration (config.settle)."""
     if cfg.history and store is None:
         store = open_history(cfg, target)
     if cfg.draft == "auto":
-        from .drafters.auto import AutoDrafter
-
         drafter = AutoDrafter({k: source(k, cfg, target, draft, store) for k in cfg.sources})
         policy = auto_policy(cfg, target, draft, drafter)
     else:
@@ -75,15 +74,11 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
 
 
 def _params(model) -> int:
-    from mlx.utils import tree_flatten
-
     return sum(x.size for _, x in tree_flatten(model.parameters()))
 
 
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
-    import mlx.core as mx
-
     names = list(drafter.sources)
     ratio = {}
     if "model" in names:
@@ -97,10 +92,6 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
 
 def costs_key(cfg: Config, batch_size: int) -> str:
     """Cycle costs are kept per target, draft model, machine, sampling (greedy or not) and batch size bucket."""
-    import platform
-
-    import mlx.core as mx
-
     info = mx.device_info()
     bucket = 1 << (max(batch_size, 1).bit_length() - 1)
     return "|".join([str(cfg.model), str(cfg.draft_model or "-"), platform.node(), str(mx.default_device()),
@@ -116,8 +107,6 @@ def _kept(value) -> Costs | None:
 
 def use_kept_costs(policy: AutoPolicy, key: str) -> None:
     """Decide with the table earlier runs kept under `key`, if there is one (sources it lacks: from the prior)."""
-    from . import runlog
-
     policy.key = key
     kept = _kept(runlog.load_costs(key))
     if kept is not None:
@@ -128,8 +117,6 @@ def use_kept_costs(policy: AutoPolicy, key: str) -> None:
 
 def remember_costs(eng: Engine, log: bool = True) -> dict[str, Any] | None:
     """After a run under draft = auto: keep what it measured for the next run (see policy.Costs.settled)."""
-    from . import runlog
-
     policy = eng.policy
     if not isinstance(policy, AutoPolicy):
         return None
@@ -145,6 +132,3 @@ def remember_costs(eng: Engine, log: bool = True) -> dict[str, Any] | None:
             return None if kept is base else kept.to_dict()
         runlog.update_costs(policy.key, settle)
     return info
-
-
-__all__ = ["AUTO_N_MAX", "decode_config", "engine", "open_history", "remember_costs", "width_policy"]

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import json
+import itertools
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
 
 from . import assemble, config, models, prompts, runlog
 from .engine import Request
 from .errors import UsageError
 from .generate import encode_prompt
+from .report import table
 from .stats import RunStats
 
 
@@ -30,13 +32,12 @@ class Arm:
 
 
 def fit_length(ids: list[int], n: int | None) -> list[int]:
-    if not n:
-        return ids
-    return (ids * (n // len(ids) + 1))[:n]
+    return (ids * (n // len(ids) + 1))[:n] if n else ids
 
 
-def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int) -> tuple[RunStats, list[int]]:
-    cfg = replace(arm.cfg, seed=seed, max_tokens=max_tokens)
+def run_mtpcli(cfg: config.Config, target, draft, prompt: list[int], seed: int, max_tokens: int):
+    """(statistics, tokens, (tokens, seconds) after the first cycle)."""
+    cfg = replace(cfg, seed=seed, max_tokens=max_tokens)
     engine = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
     mx.reset_peak_memory()
     tokens, first = [], None
@@ -47,24 +48,21 @@ def run_mtpcli(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
     return engine.stats, tokens, (len(tokens) - first[0], time.perf_counter() - first[1])
 
 
-def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens: int, sp: config.Config,
-               width: int):
-    """mlx-lm's own speculative decoding (token matching), measured the same way."""
-    from mlx_lm.generate import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
+def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, max_tokens: int):
+    """mlx-lm's own speculative decoding (token matching; plain when the arm drafts none), measured the same way."""
+    draft = draft if cfg.draft != "none" and cfg.draft_model else None
+    width = cfg.num_draft_tokens
     mx.random.seed(seed)
     mx.reset_peak_memory()
-    sampler = make_sampler(temp=sp.temp, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p)
+    sampler = make_sampler(temp=cfg.temp, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p)
     st = RunStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt))
     t0 = time.perf_counter()
-    tokens, last_draft_run, first, first_cycle = [], 0, None, None
+    tokens, last_draft_run, first_cycle = [], 0, None
     kw = dict(draft_model=draft.model, num_draft_tokens=width) if draft is not None else {}
     for r in stream_generate(target.model, target.tokenizer, mx.array(prompt), max_tokens=max_tokens,
                              sampler=sampler, **kw):
-        if first is None:
-            first = time.perf_counter()
-            st.ttft_s = first - t0
+        if not tokens:
+            st.ttft_s = time.perf_counter() - t0
             st.prefill_s = r.prompt_tokens / r.prompt_tps if r.prompt_tps else 0.0
         tokens.append(r.token)
         if r.from_draft:
@@ -84,101 +82,81 @@ def run_mlx_lm(arm: Arm, target, draft, prompt: list[int], seed: int, max_tokens
     return st, tokens, (len(tokens) - first_cycle[0], time.perf_counter() - first_cycle[1])
 
 
+def spread(values) -> dict[str, float] | None:
+    values = [v for v in values if v is not None]
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
+
+
 def summarize(arm: Arm) -> dict[str, Any]:
-    per_seed = []
-    for seed, runs in sorted(arm.runs.items()):
-        per_seed.append(RunStats.total(runs))
-    def mmm(values):  # noqa: E306
-        values = [v for v in values if v is not None]
-        return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
-    # decode tok/s is measured identically for every arm, mtpcli's and mlx-lm's: tokens after the first verify
-    # cycle over the time after it (prefill and the first cycle are in TTFT)
+    per_seed = [RunStats.total(runs) for _, runs in sorted(arm.runs.items())]
+    # decode tok/s, alike for every arm: tokens after the first verify cycle over the time after it (TTFT has the rest)
     steady = [sum(n for n, _ in runs) / max(sum(t for _, t in runs), 1e-9) for _, runs in sorted(arm.steady.items())]
-    return {
-        "arm": arm.name,
-        "decode_tps": mmm(steady),
-        "tokens_per_cycle": mmm([s.tokens_per_cycle for s in per_seed]),
-        "acceptance_rate": mmm([s.acceptance_rate for s in per_seed]),
-        "prefill_tps": mmm([s.prefill_tps for s in per_seed]),
-        "ttft_s": mmm([s.ttft_s for s in per_seed]),
-        "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
-        "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
-        "generated_tokens": sum(s.generated_tokens for s in per_seed),
-    }
+    out = {"arm": arm.name, "decode_tps": spread(steady)}
+    for k in ("tokens_per_cycle", "acceptance_rate", "prefill_tps", "ttft_s"):
+        out[k] = spread([getattr(s, k) for s in per_seed])
+    return {**out, "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
+            "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
+            "generated_tokens": sum(s.generated_tokens for s in per_seed)}
 
 
 def bench(*, model: str, draft_model: str | None, draft: str | None, profile_names: list[str], seeds: int,
-          prompt_source: str | None, max_tokens: int, prompt_tokens: int | None, baselines: list[str], flags: dict[str, Any],
-          argv: list[str], log: bool = True, progress=None) -> dict[str, Any]:
+          prompt_source: str | None, max_tokens: int, prompt_tokens: int | None, baselines: list[str],
+          flags: dict[str, Any], argv: list[str], log: bool = True, progress=None) -> dict[str, Any]:
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(model=model, draft_model=draft_model, draft=draft)
     arms = [Arm(name, config.resolve(name, overrides)) for name in profile_names]
-    if "ar" in baselines:
-        arms.append(Arm("ar (plain)", config.resolve(profile_names[0], {**overrides, "draft": "none"})))
-    if "mlx-lm" in baselines:
-        if not draft_model:
-            raise UsageError("--baseline mlx-lm needs --draft-model")
-        arms.append(Arm("mlx-lm speculative", config.resolve(profile_names[0], overrides), kind="mlx-lm"))
-    if "mlx-lm-plain" in baselines:
-        arms.append(Arm("mlx-lm plain", config.resolve(profile_names[0], {**overrides, "draft": "none"}),
-                        kind="mlx-lm"))
+    if "mlx-lm" in baselines and not draft_model:
+        raise UsageError("--baseline mlx-lm needs --draft-model")
+    for baseline, name, settings, kind in (("ar", "ar (plain)", {**overrides, "draft": "none"}, "mtpcli"),
+                                           ("mlx-lm", "mlx-lm speculative", overrides, "mlx-lm"),
+                                           ("mlx-lm-plain", "mlx-lm plain", {**overrides, "draft": "none"}, "mlx-lm")):
+        if baseline in baselines:  # on the first profile's settings
+            arms.append(Arm(name, config.resolve(profile_names[0], settings), kind))
     target = models.load(model, "target model")
     for arm in arms:
         arm.cfg = config.settle(arm.cfg, models.has_mtp(target))
-    dmodel = None
-    if draft_model:
-        dmodel = models.load(draft_model, "draft model")
+    dmodel = models.load(draft_model, "draft model") if draft_model else None
+    if dmodel is not None:
         models.check_pair(target, dmodel)
     first = arms[0].cfg
     encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first.chat, first.system),
                                     prompt_tokens)) for it in prompts.bench_set(prompt_source)]
 
     def one(arm, ids, seed, n):
-        if arm.kind == "mlx-lm":
-            c = arm.cfg
-            spec = dmodel if c.draft != "none" and c.draft_model else None
-            return run_mlx_lm(arm, target, spec, ids, seed, n, c, c.num_draft_tokens)
-        return run_mtpcli(arm, target, dmodel, ids, seed, n)
+        return (run_mlx_lm if arm.kind == "mlx-lm" else run_mtpcli)(arm.cfg, target, dmodel, ids, seed, n)
 
     for arm in arms:  # warm-up: compile, page in the weights, fill the allocator
         one(arm, encoded[0][1], 0, min(8, max_tokens))
-    for seed in range(seeds):
-        for pname, ids in encoded:
-            for arm in arms:  # interleaved: A B C, A B C, ... so drift hits every arm alike
-                st, toks, steady = one(arm, ids, seed, max_tokens)
-                arm.runs.setdefault(seed, []).append(st)
-                arm.steady.setdefault(seed, []).append(steady)
-                arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks,
-                                    "text": target.tokenizer.decode(toks),
-                                    "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
-                                                                          "decode_tps", "draft_width_hist")}})
-                if progress:
-                    progress(f"{arm.name} seed={seed} prompt={pname}: {steady[0] / steady[1]:.2f} tok/s, "
-                             f"{st.tokens_per_cycle:.2f} tokens/cycle")
+    # interleaved: A B C, A B C, ... so drift hits every arm alike
+    for seed, (pname, ids), arm in itertools.product(range(seeds), encoded, arms):
+        st, toks, steady = one(arm, ids, seed, max_tokens)
+        arm.runs.setdefault(seed, []).append(st)
+        arm.steady.setdefault(seed, []).append(steady)
+        arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks, "text": target.tokenizer.decode(toks),
+                            "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
+                                                                  "decode_tps", "draft_width_hist")}})
+        if progress:
+            progress(f"{arm.name} seed={seed} prompt={pname}: {steady[0] / steady[1]:.2f} tok/s, "
+                     f"{st.tokens_per_cycle:.2f} tokens/cycle")
     summaries = [summarize(a) for a in arms]
     base = summaries[0]["decode_tps"]["median"]
     for s in summaries:
         s["ratio"] = s["decode_tps"]["median"] / base if base else None
-    if log:
-        for arm, s in zip(arms, summaries):
-            agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
-            law = {"law": "mlx-lm"} if arm.kind == "mlx-lm" else {}
-            rec = {**agg.to_dict(), "settings": {**arm.cfg.record(), **law, "bench_arm": arm.name}}
-            runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,
-                                 draft=draft_model or arm.cfg.draft, prompt=encoded[0][1], stats=rec,
-                                 status=0, started=time.time(), log=True)
+    for arm in arms:  # to the run log (append_safely: not with log off)
+        agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
+        law = {"law": "mlx-lm"} if arm.kind == "mlx-lm" else {}
+        rec = {**agg.to_dict(), "settings": {**arm.cfg.record(), **law, "bench_arm": arm.name}}
+        runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,
+                             draft=draft_model or arm.cfg.draft, prompt=encoded[0][1], stats=rec,
+                             status=0, started=time.time(), log=log)
     return {"arms": summaries, "outputs": {a.name: a.outputs for a in arms},
             "config": {"model": model, "draft_model": draft_model, "seeds": seeds, "prompts": [n for n, _ in encoded],
                        "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "flags": overrides}}
 
 
 def render(result: dict[str, Any], out=None) -> None:
-    from .report import table
-
     def f(m, fmt="{:.2f}"):  # noqa: E306
-        if not m:
-            return "-"
-        return f"{fmt.format(m['median'])} [{fmt.format(m['min'])}-{fmt.format(m['max'])}]"
+        return f"{fmt.format(m['median'])} [{fmt.format(m['min'])}-{fmt.format(m['max'])}]" if m else "-"
 
     rows = [[s["arm"], f(s["decode_tps"]), f"{s['ratio']:.2f}x" if s["ratio"] else "-", f(s["tokens_per_cycle"]),
              f(s["acceptance_rate"], "{:.3f}"), f(s["prefill_tps"], "{:.0f}"), f(s["ttft_s"], "{:.3f}"),

@@ -137,8 +137,11 @@ def stats(
 ):
     """The run log: the last run in full, recent runs, aggregates and comparisons."""
     if clear:
+        from . import runlog
+
         _confirm(yes, "--clear", "Delete every record in the run log?")
-        return report.clear()
+        print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
+        return
     report.show(last=last, by=by, compare=compare, since=since, model=model, profile=profile, file=file, plot=plot,
                 as_json=as_json, export=export)
 

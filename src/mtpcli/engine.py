@@ -2,11 +2,9 @@
 
 `Engine.cycle` is the algorithm, for the whole batch: plan ONE source and width (the policy), propose (the drafter),
 one target pass over every row, the law, one host sync, commit, roll back. Rows that finish are refilled from the
-queue; when it is empty they leave the batch. A row draws only with its own keys (the same schedule whatever its
-neighbours), so at a fixed width a row gives exactly the tokens it gives alone. Beside the cycle, as parts of their
-own: the overlap (a plain step is launched before the previous one is read back, so the device computes step t+1
-while the host handles step t, as mlx-lm's own loop does), the clock (the seconds each cycle is charged), and the
-peer (the ranks of a sharded target; a pass-through in one process).
+queue, then leave the batch. A row draws only with its own keys, so at a fixed width it gives exactly the tokens it
+gives alone. Beside the cycle: the overlap (a plain step is launched before the previous one is read back, as
+mlx-lm's own loop does), the clock (the seconds each cycle is charged) and the peer (a sharded target's ranks).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
@@ -41,9 +39,7 @@ class DecodeConfig:
 
     @property
     def law(self) -> str:
-        if self.sampling.greedy:
-            return "greedy"
-        return "typical" if self.typical_threshold > 0 else "exact"
+        return "greedy" if self.sampling.greedy else "typical" if self.typical_threshold > 0 else "exact"
 
     def judge(self, logits, drafts, q, keys, lengths, full: bool = False) -> verify.Judged:
         return verify.judge(self.sampling, self.typical_threshold, self.typical_eps, logits, drafts, q, keys,
@@ -96,10 +92,9 @@ class Flight:
 
 
 class Clock:
-    """Charges each cycle its own seconds. Plain steps launched ahead overlap: each moment is counted once, and each
-    launch for the cycle it launched. Where a launch itself computes (MLX on a CPU: async_eval returns once most of
-    the pass is done) the time between two reads holds the next step's pass, not this one's; on a GPU a launch
-    returns at once and nothing is lent."""
+    """Charges each cycle its own seconds: plain steps launched ahead overlap, so each moment is counted once and
+    each launch for the cycle it launched (on a CPU a launch computes most of its pass; on a GPU it returns at once
+    and nothing is lent)."""
 
     def __init__(self):
         self.last = time.perf_counter()  # the last read (or refill)
@@ -117,8 +112,7 @@ class Clock:
         return max(seconds, 0.0)
 
     def unread(self, f: Flight) -> None:
-        """A step launched ahead for rows that finished meanwhile: its pass (where the launch ran it, lent by the
-        step before) is the run's."""
+        """A step launched ahead for rows that finished meanwhile: its launch is the run's."""
         for r in f.rows:
             r.run.decode_s += min(f.launch_s, max(self.last - f.t0, 0.0))
 
@@ -150,8 +144,7 @@ class Alone:
 
 
 class KeyChains:
-    """Completion c of seed s draws with the (c+1)-th split of key(s); completions usually come in order, so each
-    seed's chain is continued where it stopped instead of being walked from the start."""
+    """Completion c of seed s draws with the (c+1)-th split of key(s); each seed's chain goes on where it stopped."""
 
     def __init__(self):
         self.chains: dict[int, tuple[mx.array, int]] = {}
@@ -286,15 +279,12 @@ class Engine:
 
     def _plan(self) -> Plan:
         """The source is the drafter's own unless the policy chooses among several; width 0 is a plain step."""
-        if not self.drafter.speculates:
-            return PLAIN
-        plan = self.policy.plan([r.context for r in self.rows])
+        plan = self.policy.plan([r.context for r in self.rows]) if self.drafter.speculates else PLAIN
         return Plan(plan.source or self.drafter.name, plan.width, plan.stop) if plan.width else PLAIN
 
     def _ahead(self, f: Flight | None) -> Plan | None:
         """The plan of a plain step to launch while plain step `f` is in flight, or None: always without a drafter;
-        under a policy, when it plans one from the committed tokens (one row of one process, no hidden states to
-        hand a drafter, a target that can undo a step)."""
+        under a policy when it plans one (one row, no hidden states to hand a drafter, a target that can undo)."""
         if f is None or f.width or not any(r.generated + 1 < r.req.max_tokens for r in self.rows):
             return None
         if not self.drafter.speculates:
@@ -305,8 +295,8 @@ class Engine:
         return plan if plan.width == 0 else None
 
     def _relaunch(self, f: Flight) -> Flight:
-        """Undo a plain step launched ahead (its cache entries and its keys) and launch it again from the redone
-        token; it is charged the pass it undid, so its seconds are two passes: not a plain step's cost."""
+        """Undo a plain step launched ahead (cache entries, keys) and launch it from the redone token; charged the
+        pass it undid, its seconds are not a plain step's cost."""
         self.target.truncate(f.before)
         for r, key in zip(f.rows, f.keys):
             r.key = key
@@ -326,10 +316,10 @@ class Engine:
         if after is not None and idx == list(range(len(after.rows))):  # the same rows: their tokens as they are
             return after.token.astype(mx.int32)
         last = mx.array([r.context[-1] for r in rows], dtype=mx.int32)
-        if at:  # rows in flight start from their device tokens, new rows from their prompts
-            token = after.token[mx.array([max(i, 0) for i in idx], dtype=mx.int32)]
-            last = mx.where(mx.array([i >= 0 for i in idx]), token, last).astype(mx.int32)
-        return last
+        if not at:
+            return last
+        token = after.token[mx.array([max(i, 0) for i in idx], dtype=mx.int32)]  # new rows: their prompts'
+        return mx.where(mx.array([i >= 0 for i in idx]), token, last).astype(mx.int32)
 
     def _start(self, b: int, queue: deque) -> Row:
         t0 = time.perf_counter()

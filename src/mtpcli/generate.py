@@ -5,6 +5,7 @@ configuration, the engine, the decoding, the record, the report, the run log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -13,12 +14,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import assemble, config, distributed, models
+import mlx.core as mx
+
+from . import assemble, config, distributed, models, runlog
+from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, UsageError
+from .gguf_convert import cache_dir
 from .prompts import Item
 from .stats import RunStats, render
-from .writers import Completion, Output, Writer
+from .writers import Completion, Writer
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
 
@@ -58,12 +63,10 @@ def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer
     for it in items:
         if it.error is None and not (it.text or "").strip():
             it.error = f"empty prompt ({it.source})" if opts.single else f"{it.source}: empty prompt"
-        ids = None
-        if it.error is None:
-            ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system)
-            if limit and len(ids) >= limit:
-                it.error = (("" if opts.single else f"{it.source}: ") +
-                            f"prompt is {len(ids)} tokens, longer than the model's context of {limit} tokens")
+        ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system) if it.error is None else None
+        if ids is not None and limit and len(ids) >= limit:
+            it.error = (("" if opts.single else f"{it.source}: ") +
+                        f"prompt is {len(ids)} tokens, longer than the model's context of {limit} tokens")
         if it.error and opts.single:
             raise UsageError(it.error)
         seed = it.seed if it.seed is not None else cfg.seed + (0 if opts.single else it.index)
@@ -74,17 +77,18 @@ def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer
     return completions, requests
 
 
-def default_batch_size(model_config: dict, n: int, tokens_per_row: int) -> int:
-    """All rows at once, unless their KV caches would take more than a quarter of the memory."""
+def batch_size(model_config: dict, requests: list[Request], asked: int | None) -> int:
+    """--batch-size, else all rows at once unless their KV caches would take more than a quarter of the memory."""
+    n = max(len(requests), 1)
+    if asked:
+        return min(asked, n)
+    tokens_per_row = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
     cfg = model_config.get("text_config") or model_config
-    layers = cfg.get("num_hidden_layers", 32)
     heads = cfg.get("num_attention_heads", 32)
     kv = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 4096) // heads
-    per_token = 2 * layers * kv * head_dim * 4  # keys and values, float32 at worst
+    per_token = 2 * cfg.get("num_hidden_layers", 32) * kv * head_dim * 4  # keys and values, float32 at worst
     try:
-        import mlx.core as mx
-
         memory = mx.device_info()["memory_size"]
     except Exception:  # noqa: BLE001 - any backend that cannot say: assume 16 GiB
         memory = 16 << 30
@@ -93,11 +97,8 @@ def default_batch_size(model_config: dict, n: int, tokens_per_row: int) -> int:
 
 
 def load(cfg: config.Config, group) -> tuple[models.Loaded, models.Loaded | None]:
-    """The target (sharded over the group's ranks, or whole) and the draft model where the run has one (rank 0's
-    alone when the target is sharded, where the drafter runs)."""
+    """The target (sharded over the ranks, or whole) and the draft model if any (a sharded target's: on rank 0)."""
     if group.sharded:
-        from .distributed import sharded
-
         target = sharded.load_target(cfg.model, group.mode, group.group)
     else:
         target = models.load(cfg.model, "target model")
@@ -116,7 +117,7 @@ def decode(group, engine, requests: list[Request], writer: Writer, store) -> int
             writer.event(ev.request, ev.tokens, ev.finish_reason)
             if store is not None and ev.finish_reason:  # it drafts for the rest of the run, and is kept
                 store.add(prompts[ev.request], writer.rows[ev.request].tokens)
-            if writer.output.closed:
+            if writer.closed:
                 break
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -132,27 +133,21 @@ def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
-    longest = max((len(r.prompt) + r.max_tokens for r in requests), default=1)
-    size = min(opts.batch_size or default_batch_size(target.config, max(len(requests), 1), longest),
-               max(len(requests), 1))
+    size = batch_size(target.config, requests, opts.batch_size)
     cfg = config.settle(cfg, models.has_mtp(target), several_rows=size > 1 and not models.one_row(target),
                         sharded=group.sharded)
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
     if group.sharded:
-        from .distributed import sharded
-
         engine = sharded.engine(group, cfg, target, draft, size, store)
     else:
         engine = assemble.engine(cfg, target, draft, size, store)
     notes(cfg, engine, requests, opts, size)
-    writer = Writer(cfg.format, Output(out or sys.stdout), target.tokenizer, completions, opts.separator,
-                    not opts.single, engine.runs)
+    writer = Writer(cfg.format, out or sys.stdout, target.tokenizer, completions, opts.separator, not opts.single,
+                    engine.runs)
     started, t0 = time.time(), time.perf_counter()
     status = decode(group, engine, requests, writer, store)
-    for c in completions:
-        c.stats = engine.runs.get(c.index)
     writer.close()
     total, record = summarize(cfg, group, engine, items, completions, opts, time.perf_counter() - t0)
     if store is not None and group.root:
@@ -165,33 +160,35 @@ def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None
         doc = completions[0].row(False) if "batch" not in record else {
             "completions": [c.row(not opts.single) for c in completions], "stats": total.to_dict(),
             "batch": record["batch"]}
-        writer.output.write(json.dumps({**doc, **{k: record[k] for k in ("settings", "auto", "distributed")
-                                                  if k in record}}) + "\n")
-    status = EXIT_PIPE if writer.output.closed else status
-    title = f"mtpcli · {cfg.profile} · {cfg.law}" + ("" if opts.single else f" · {len(items)} prompts")
-    report(total, record, opts.quiet, opts.stats_json, title, batch_line(record, len(items), opts.single))
+        doc.update({k: record[k] for k in ("settings", "auto", "distributed") if k in record})
+        writer.write(json.dumps(doc) + "\n")
+    status = EXIT_PIPE if writer.closed else status
+    report(cfg, total, record, opts, len(items))
     failed = sum(1 for c in completions if c.item.error)
     if status == EXIT_INTERRUPTED:
         err(f"mtpcli: interrupted after {total.generated_tokens} tokens")
-    if writer.output.closed:
+    if writer.closed:
         err(f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
     if failed and status == 0:
         err(f"mtpcli: {failed} of {len(items)} prompts failed (see their rows)")
         status = EXIT_RUNTIME
-    from . import runlog
-
-    runlog.append_safely(
-        command=opts.argv, settings=record["settings"], profile=cfg.profile, model=cfg.model,
-        draft=cfg.draft_model or cfg.draft,
-        prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
-        stats=record, status=status, started=started,
-        prompt_text=items[0].text if opts.log_prompts and opts.single else None, log=opts.log)
+    runlog.append_safely(command=opts.argv, settings=record["settings"], profile=cfg.profile, model=cfg.model,
+                         draft=cfg.draft_model or cfg.draft, stats=record, status=status, started=started,
+                         prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
+                         prompt_text=items[0].text if opts.log_prompts and opts.single else None, log=opts.log)
     return status
 
 
 def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, size: int) -> None:
-    """What a user should know before the output: the typical law's warning, rows decoded one after another."""
-    blas_hint(opts.quiet)
+    """What a user should know before the output: MLX's slow reference BLAS (once per cache folder, never with
+    --quiet), the typical law's warning, rows decoded one after another."""
+    marker = cache_dir() / "blas-hint-shown"
+    if os.environ.get("MTPCLI_BLAS_HINT") and not opts.quiet and not marker.exists():
+        err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
+            "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
+        with contextlib.suppress(OSError):
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
     if cfg.law == "typical":
         err(f"{TYPICAL_TAG} threshold={cfg.typical_threshold} eps={cfg.typical_eps}")
     if len(requests) > 1 and engine.batch_size == 1 and size > 1:
@@ -207,50 +204,26 @@ def summarize(cfg, group, engine, items, completions, opts: Options, wall: float
         record["distributed"] = dist
     if not opts.single or opts.n > 1:
         record["batch"] = {"prompts": len(items), "failed": sum(1 for c in completions if c.item.error),
-                           "batch_size": engine.batch_size, "cycles": engine.cycles,
-                           "tokens": total.generated_tokens, "wall_s": wall,
-                           "throughput_tok_s": total.generated_tokens / wall if wall > 0 else 0.0,
+                           "batch_size": engine.batch_size, "cycles": engine.cycles, "tokens": total.generated_tokens,
+                           "wall_s": wall, "throughput_tok_s": total.generated_tokens / wall if wall > 0 else 0.0,
                            "batched": engine.batch_size > 1}
     return total, record
 
 
-def batch_line(record: dict, prompts: int, single: bool) -> str:
-    b = record.get("batch")
-    if b is None or single:
-        return ""
-    return (f"batch: {prompts} prompts ({b['failed']} failed), batch size {b['batch_size']}, {b['cycles']} cycles, "
-            f"{b['tokens']} tokens in {b['wall_s']:.2f} s: {b['throughput_tok_s']:.2f} tok/s in all")
-
-
-def blas_hint(quiet: bool) -> None:
-    """Once per cache folder, never with --quiet: MLX's slow reference BLAS is in use."""
-    if quiet or not os.environ.get("MTPCLI_BLAS_HINT"):
-        return
-    from .gguf_convert import cache_dir
-
-    marker = cache_dir() / "blas-hint-shown"
-    if marker.exists():
-        return
-    err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
-        "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-    except OSError:
-        pass
-
-
-def report(total: RunStats, record: dict, quiet: bool, stats_json: str | None, title: str, extra: str = "") -> None:
-    """The end of a run on stderr (and --stats-json): the statistics, then the typical-acceptance summary."""
-    if stats_json:
+def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, prompts: int) -> None:
+    """The end of a run on stderr (and --stats-json): the statistics, the batch's and the group's lines, then the
+    typical-acceptance summary."""
+    if opts.stats_json:
         try:
-            Path(stats_json).write_text(json.dumps(record, indent=1) + "\n")
+            Path(opts.stats_json).write_text(json.dumps(record, indent=1) + "\n")
         except OSError as e:
-            err(f"mtpcli: warning: --stats-json {stats_json}: {e.strerror or e}")
-    if not quiet:
+            err(f"mtpcli: warning: --stats-json {opts.stats_json}: {e.strerror or e}")
+    if not opts.quiet:
+        title = f"mtpcli · {cfg.profile} · {cfg.law}" + ("" if opts.single else f" · {prompts} prompts")
         render(total, sys.stderr, sys.stderr.isatty(), title=title)
-        if extra:
-            err(extra)
+        if (b := record.get("batch")) and not opts.single:
+            err(f"batch: {prompts} prompts ({b['failed']} failed), batch size {b['batch_size']}, {b['cycles']} "
+                f"cycles, {b['tokens']} tokens in {b['wall_s']:.2f} s: {b['throughput_tok_s']:.2f} tok/s in all")
         if record.get("distributed"):
             err(distributed.describe(record["distributed"]))
     if total.typical is not None:

@@ -1,12 +1,10 @@
-"""GGUF -> mlx-lm folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
-
-Reads and dequantizes every quant type through the `gguf` package, undoes llama.cpp's changes
-(q/k row permutation of the llama family, Gemma's 1+w norm weights), and rebuilds the tokenizer from
-the GGUF metadata without torch. Supported families: llama, qwen2, gemma3.
-"""
+"""GGUF -> mlx-lm folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) for llama, qwen2
+and gemma3: dequantizes every quant type through the `gguf` package, undoes llama.cpp's changes (the llama family's
+q/k row permutation, Gemma's 1+w norm weights), and rebuilds the tokenizer from the GGUF metadata without torch."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -37,10 +35,6 @@ GEMMA_LAYER_NAMES = {**LAYER_NAMES, "post_attention_norm": "post_attention_layer
 def _field(reader, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     return default if f is None else f.contents()
-
-
-def _arch(config: dict[str, Any]) -> str:
-    return {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
@@ -98,7 +92,7 @@ def read_config(reader) -> dict[str, Any]:
 def read_weights(reader, config: dict[str, Any], progress=None) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
-    arch, out = _arch(config), {}
+    arch, out = _field(reader, "general.architecture"), {}
     for t in reader.tensors:
         name = hf_name(t.name, arch)
         if name is None:
@@ -114,7 +108,7 @@ def read_weights(reader, config: dict[str, Any], progress=None) -> dict[str, np.
     return out
 
 
-def build_tokenizer(reader, arch: str):
+def build_tokenizer(reader):
     """A `tokenizers.Tokenizer` and the tokenizer_config entries, from GGUF metadata (no torch)."""
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
@@ -123,7 +117,7 @@ def build_tokenizer(reader, arch: str):
     meta = {k: _field(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
     tdict = {name: meta[f"tokenizer.{key}"] for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
              if f"tokenizer.{key}" in meta}
-    tok, _ = convert_gguf_tokenizer(arch, tdict)
+    tok, _ = convert_gguf_tokenizer(_field(reader, "general.architecture"), tdict)
     tokens = tdict["tokens"]
     cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
     for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
@@ -161,12 +155,11 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: in
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        advance, stop = _progress(len(reader.tensors), f"converting {src.name}", quiet)
-        weights = read_weights(reader, config, advance)
-        stop()
+        with _progress(len(reader.tensors), f"converting {src.name}", quiet) as advance:
+            weights = read_weights(reader, config, advance)
         arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
         del weights
-        tok, tok_cfg = build_tokenizer(reader, _arch(config))
+        tok, tok_cfg = build_tokenizer(reader)
         tok.save(str(tmp / "tokenizer.json"))
         tok_cfg["model_max_length"] = config["max_position_embeddings"]
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
@@ -198,17 +191,18 @@ def _quantize(arrays, config, bits, group_size):
     return dict(tree_flatten(model.parameters())), config
 
 
+@contextlib.contextmanager
 def _progress(total: int, label: str, quiet: bool):
-    """(advance, stop) of a transient progress bar on stderr; no bar when quiet or stderr is not a terminal."""
+    """A transient progress bar on stderr, as its advance(); none (None) when quiet or stderr is no terminal."""
     if quiet or not sys.stderr.isatty():
-        return None, lambda: None
+        yield None
+        return
     from rich.console import Console
     from rich.progress import Progress
 
-    bar = Progress(transient=True, console=Console(file=sys.stderr))
-    bar.start()
-    task = bar.add_task(label, total=total)
-    return (lambda n=1: bar.advance(task, n)), bar.stop
+    with Progress(transient=True, console=Console(file=sys.stderr)) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
 
 
 def cache_dir() -> Path:

@@ -1,11 +1,11 @@
-"""The history store: what earlier runs produced, kept on disk for the history drafter (opt-in: `--history`).
+"""The history store: what earlier runs produced, kept for the history drafter (opt-in: `--history`).
 
-One SQLite file beside the run log (`$XDG_DATA_HOME/mtpcli/history.sqlite`, WAL). A document is one completion's
-output ids (and its prompt's only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so one
-tokenizer's ids never draft for another's. A run reads its tokenizer's documents once at the start, appends its own
-in one BEGIN IMMEDIATE transaction at the end (concurrent runs lose nothing), then drops the oldest documents (of
-every tokenizer) until the store is under its cap. An unreadable store is left untouched (one warning, the run goes
-on without it); an unwritable one loses only this run's documents, with a warning.
+One SQLite file beside the run log (history.sqlite, WAL). A document is one completion's output ids (its prompt's
+too only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so one tokenizer's ids never draft for
+another's. A run reads its tokenizer's documents once, appends its own in one transaction at the end (concurrent
+runs lose nothing), then drops the oldest documents of every tokenizer until the store is under its cap. An
+unreadable store is left untouched (one warning, the run goes on without it); an unwritable one loses only this
+run's documents, with a warning.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UsageError
-from .runlog import data_dir, open_db, writing
+from .runlog import data_dir, open_db, warn, writing
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, tokenizer TEXT NOT NULL,
@@ -42,10 +41,6 @@ def tokenizer_key(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()[:16]
 
 
-def pack(tokens) -> bytes:
-    return np.asarray(tokens, dtype=DTYPE).tobytes()
-
-
 def unpack(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype=DTYPE).astype(np.int64)
 
@@ -56,23 +51,14 @@ class Doc:
     prompt: np.ndarray | None = None
 
 
-class StoreError(Exception):
-    pass
-
-
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
-    """Open the store (a new file is readable by its owner only: generated text); StoreError if it is not one (it
-    is then left as it is)."""
-    try:
-        return open_db(path, SCHEMA, "docs", create, mode=0o600, pragmas=("PRAGMA journal_size_limit = 4194304",))
-    except sqlite3.Error as e:
-        raise StoreError(f"{path} is unreadable ({e})") from None
+    """Open the store (a new file readable by its owner only: generated text); sqlite3 errors pass through."""
+    return open_db(path, SCHEMA, "docs", create, mode=0o600, pragmas=("PRAGMA journal_size_limit = 4194304",))
 
 
 @dataclass
 class Store:
-    """This run's view of the store: the documents of its tokenizer found at the start (`docs`) and the ones this run
-    finished since (`session`)."""
+    """This run's view of the store: its tokenizer's documents found at the start (`docs`), and its own (`session`)."""
     tokenizer: str
     model: str = ""
     cap_bytes: int = 16 << 20
@@ -93,7 +79,7 @@ class Store:
                 rows = con.execute("SELECT prompt, output FROM docs WHERE tokenizer = ? ORDER BY id",
                                    (self.tokenizer,)).fetchall()
             self.docs = [Doc(unpack(o), unpack(p)) for p, o in rows]
-        except (StoreError, sqlite3.Error, ValueError) as e:
+        except (sqlite3.Error, ValueError) as e:
             self.broken = True
             warn(f"history store {self.path} is unreadable ({e}); left untouched, this run goes on without it")
         return self
@@ -110,33 +96,20 @@ class Store:
             return 0
         now, rows = time.time(), []
         for d in self.session:
-            prompt, output = None if d.prompt is None else pack(d.prompt), pack(d.output)
+            prompt = None if d.prompt is None else np.asarray(d.prompt, DTYPE).tobytes()
+            output = np.asarray(d.output, DTYPE).tobytes()
             rows.append((now, self.tokenizer, self.model, prompt, output, len(output) + len(prompt or b"")))
         try:
             with writing(_connect(self.path, create=True)) as con:
                 con.executemany("INSERT INTO docs (time, tokenizer, model, prompt, output, bytes)"
                                 " VALUES (?,?,?,?,?,?)", rows)
-                evict(con, self.cap_bytes)
-        except (StoreError, sqlite3.Error, OSError) as e:
+                # the oldest documents go while they and the newer ones exceed the cap
+                con.execute("DELETE FROM docs WHERE id IN (SELECT id FROM (SELECT id, sum(bytes) OVER (ORDER BY id"
+                            " DESC) AS kept FROM docs) WHERE kept > ?)", (self.cap_bytes,))
+        except (sqlite3.Error, OSError) as e:
             warn(f"history not saved ({self.path}): {e}")
             return 0
         return len(rows)
-
-
-def evict(con: sqlite3.Connection, cap_bytes: int) -> int:
-    """Delete the oldest documents until the kept token bytes are within the cap (a document goes when it and the
-    newer ones exceed the cap); how many went."""
-    return con.execute("DELETE FROM docs WHERE id IN (SELECT id FROM (SELECT id, sum(bytes) OVER (ORDER BY id DESC)"
-                       " AS kept FROM docs) WHERE kept > ?)", (cap_bytes,)).rowcount
-
-
-_warned: set[str] = set()
-
-
-def warn(msg: str) -> None:
-    if msg not in _warned:
-        _warned.add(msg)
-        print(f"mtpcli: warning: {msg}", file=sys.stderr, flush=True)
 
 
 # ---- `mtpcli history` -------------------------------------------------------------------------------------------
@@ -148,8 +121,8 @@ def open_existing(path: Path | None = None) -> sqlite3.Connection | None:
         return None
     try:
         return _connect(path, create=False)
-    except StoreError as e:
-        raise UsageError(f"history store {e}; left untouched") from None
+    except sqlite3.Error as e:
+        raise UsageError(f"history store {path} is unreadable ({e}); left untouched") from None
 
 
 def summary(path: Path | None = None) -> dict:

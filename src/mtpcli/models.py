@@ -48,10 +48,8 @@ def resolve(name: str) -> Path | str:
 
 
 def load(name: str, role: str = "model") -> Loaded:
-    """Load with mlx-lm's public loaders; a checkpoint with MTP heads through its family's own classes with a
-    sanitize that drops the head's weights first (mlx-lm drops them for some layouts only)."""
+    """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them."""
     target = resolve(name)
-    spec = None
     try:
         if isinstance(target, str):  # a Hub id: its snapshot in the local cache, never the network
             target = Path(snapshot_download(target, local_files_only=True))
@@ -80,8 +78,7 @@ def one_row(loaded: Loaded) -> bool:
 
 
 def has_mtp(loaded: Loaded) -> bool:
-    return loaded.mtp is not None and loaded.mtp.layout != "mimo" and \
-        mtp.text_config(loaded.config).get("model_type") in mtp.SUPPORTED
+    return mtp.supported(loaded.mtp, loaded.config)
 
 
 def mtp_head(loaded: Loaded):
@@ -137,9 +134,7 @@ def draft_sources(folder: Path | str, config: dict) -> list[str]:
     sources = ["model (with --draft-model)", "ngram", "none"]
     spec = mtp.find(folder, config)
     if spec is not None:
-        family = mtp.text_config(config).get("model_type")
-        ok = spec.layout != "mimo" and family in mtp.SUPPORTED
-        sources.insert(0, f"mtp ({spec.describe()}{'' if ok else '; NOT supported'})")
+        sources.insert(0, f"mtp ({spec.describe()}{'' if mtp.supported(spec, config) else '; NOT supported'})")
     if any(k in config for k in ("linear_num_value_heads", "ssm_cfg", "state_size", "mamba_d_state")):
         sources.append("(recurrent layers: a rejected draft restores a snapshot and replays the kept tokens)")
     return sources

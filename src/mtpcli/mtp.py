@@ -1,15 +1,12 @@
 """Native multi-token-prediction (MTP) heads: find them in a checkpoint, build them beside the mlx-lm model.
 
-Two layouts (key names as in the public checkpoints and vLLM's loaders):
-- DeepSeek-V3: an extra layer `model.layers.{num_hidden_layers}` (`enorm`, `hnorm`, `eh_proj`, `shared_head.{norm,
-  head}` and an ordinary decoder layer); the hidden state fed to the next depth is the layer output before
-  `shared_head.norm`.
-- Qwen3-Next / Qwen3.5: `mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm}` and `mtp.layers.0.*` (a full-attention
-  decoder layer), the model's own LM head; the fed-back hidden state is after `mtp.norm`. RMSNorm weights are stored
-  zero-centred (applied as 1 + w): shifted exactly when mlx-lm shifted the main model's.
-A head normalises the target's last (post-norm) hidden state h_t and the next token's embedding, projects
-[embedding, hidden] 2H -> H, runs its decoder layer (own KV cache) and the LM head: logits for x_{t+2}. mlx-lm drops
-these weights when it loads the model; `strip_sanitize` makes sure it does for every layout (strict loads).
+Two layouts (key names as in the public checkpoints and vLLM's loaders; NAMES maps them): DeepSeek-V3's extra layer
+`model.layers.{num_hidden_layers}`, which feeds the next depth its layer output before `shared_head.norm`; and
+Qwen3-Next / Qwen3.5's `mtp.*` around `mtp.layers.0` (a full-attention decoder layer), with the model's own LM head,
+which feeds back the output of `mtp.norm` and stores RMSNorm weights zero-centred (1 + w: shifted exactly when
+mlx-lm shifted the main model's). A head normalises the target's last hidden state h_t and the next token's
+embedding, projects [embedding, hidden] 2H -> H, runs its decoder layer (own KV cache) and the LM head: logits for
+x_{t+2}. `strip_sanitize` makes mlx-lm's loader drop these weights for every layout (strict loads).
 """
 
 from __future__ import annotations
@@ -62,6 +59,11 @@ def weight_keys(folder: Path | str) -> list[str]:
 
 def text_config(config: dict) -> dict:
     return config.get("text_config") or config
+
+
+def supported(spec: MtpSpec | None, config: dict) -> bool:
+    """Whether mtpcli can build the head `spec` (a layout it knows, on a model type it supports)."""
+    return spec is not None and spec.layout != "mimo" and text_config(config).get("model_type") in SUPPORTED
 
 
 def find(folder: Path | str, config: dict) -> MtpSpec | None:
@@ -182,8 +184,8 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     # Zero-centred norms: shift exactly when mlx-lm shifted the main model's final norm.
     inner, _ = split_model(model)
     final = raw.get(final_norm)
-    shifted = final is not None and mx.allclose(inner.norm.weight, final + 1.0).item() and not mx.allclose(
-        inner.norm.weight, final).item()
+    norm = inner.norm.weight
+    shifted = final is not None and mx.allclose(norm, final + 1.0).item() and not mx.allclose(norm, final).item()
     head_w = {NAMES[spec.layout][k]: v for k, v in own.items() if k in NAMES[spec.layout]}
     if shifted:
         for k, v in layer_w.items():

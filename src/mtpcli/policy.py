@@ -89,17 +89,10 @@ class Costs:
     accept: dict[str, list[float]] = field(default_factory=dict)
     visits: dict[str, list[float]] = field(default_factory=dict)
     shift: dict[str, list[float]] = field(default_factory=dict)  # source -> [log-odds shift of its estimates, tokens]
-    # a plain step's own seconds (median of the chained plain steps measured): in a run of them each is launched
-    # before the previous one is read, and it verifies and samples one position, so it costs less than the line's
-    # intercept (`plain`); None where never measured
-    step: float | None = None
-    # what a cycle of the source costs beyond the intercept whatever its width (a draft model's catch-up on the
-    # tokens committed since it last drafted, its host syncs): lookup cycles do not pay the draft model's
+    step: float | None = None  # a plain step's own seconds (chained plain steps' median); None: never measured
+    # a source's cost beyond the intercept whatever its width (a draft model's catch-up on the committed tokens)
     fixed: dict[str, float] = field(default_factory=dict)
-    # source -> [how sure the target was where the source's acceptance was measured (a row's decayed mean of its
-    # largest probability when a cycle of the source was planned, averaged over those cycles), cycles]: kept for the
-    # sources scored by their kept acceptance (a draft model, MTP heads); a row whose text the target is less sure
-    # of expects the source to pass less often
+    # source -> [the target's confidence where its acceptance was measured, cycles] (a draft model, MTP heads)
     conf: dict[str, list[float]] = field(default_factory=dict)
 
     def time(self, source: str | None, k: int) -> float:
@@ -147,13 +140,8 @@ class Costs:
         return cls(plain, per, accept, visits, shift, step, fixed, conf)
 
     def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
-        """What to keep after a run measured `measured` (only what it measured: the sources it drafted with, the
-        positions it reached at least 4 times). This table while every measured figure agrees with it: a cost
-        within `tolerance` (of at least a tenth of a plain step), an acceptance within two standard errors of this
-        run's count (at least 0.1) on a position already kept, a confidence within two standard errors (at least
-        0.05), so the same seed gives the same output next time (a table kept before confidences were gains this
-        run's and keeps the rest). Else a merge: costs halfway, acceptance and confidence weighted by counts
-        (capped at VISITS_CAP, so they keep moving)."""
+        """What to keep after a run measured `measured`: this table while every measured figure agrees with it
+        within its error (the same seed, the same output next time), else a merge weighted by counts."""
         old, new = self.per_token, measured.per_token
         # a cycle's cost at a narrow and a wide draft (how it splits into a fixed part and tokens is poorly
         # measured; its sum is not)
@@ -208,10 +196,8 @@ class Costs:
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
-    """Before any measurement: in units of a plain step, verifying one more token costs 10% on a CPU (the matrix
-    products grow with the tokens) and 2% on a GPU (a pass is nearly free in width); a draft model's token costs
-    its size relative to the target's, but at least 60% of a plain step on a GPU, where a small model's step is
-    bound by kernel launches, not weights (docs/perf/gpu.md); an n-gram lookup costs nothing beyond verification."""
+    """Before any measurement, in units of a plain step: verifying a token costs 10% on a CPU, 2% on a GPU;
+    a draft model's token its size relative to the target's (at least 60% on a GPU); lookup nothing more."""
     verify = 0.02 if gpu else 0.10
     return Costs(1.0, {s: verify + (max(r, 0.6) if gpu and r else r)
                        for s, r in ((s, draft_ratio.get(s, 0.0)) for s in sources)})
@@ -219,15 +205,9 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 
 @dataclass
 class CostFit:
-    """Least squares of measured cycle seconds on [1, k * (source == s) ..., (source == s) ...], ridge-pulled
-    towards a prior (in
-    seconds when `known`: a kept table, whose plain step anchors the line; else in units of a plain step). The
-    first cycle (compilation, cold caches) is left out. Plain steps are kept apart: one launched after the previous
-    cycle was read is a cycle of width 0 on the line, and the median of those anchors its intercept; one launched
-    before (chained) overlaps the one before it and is not on the line: the median of those is a plain step's own
-    time (`step`). A cycle slower than twice the first fit's line (a source catching up on a long backlog) is left
-    out of the second. A source's fixed part fitted below zero is zero (the rest fitted again): with few widths
-    drafted, how a cycle splits into a fixed part and tokens is the priors' to say, not the sum."""
+    """Ridge least squares of measured cycle seconds on [1, k * (source == s), (source == s)], pulled towards
+    a prior; the first cycle is left out, plain steps launched ahead are kept apart (`step`), and cycles slower
+    than twice the first fit's line are left out of the second (docs/policy.md)."""
 
     prior: Costs
     known: bool = False
@@ -317,12 +297,9 @@ class AutoPolicy(WidthPolicy):
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
                  stops: Sequence[str] = ()):
-        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step. A cold run takes plain
-        steps at its 2nd to 4th cycles unless it took some anyway: the intercept of the time line it keeps.
-        `widest`: a source's widest draft where it is narrower than n_max. `stops`: the sources whose drafts stop
-        themselves where one more token is not worth its cost (`floor`): chosen, they are asked for their widest
-        draft, since their draft's own confidence, token by token, knows better where to stop than any width
-        chosen before it."""
+        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then takes
+        plain steps at its 2nd to 4th cycles); `widest`: a source's widest draft under n_max; `stops`: the
+        sources whose drafts stop themselves (`floor`), asked for their widest draft."""
         if n_max < 1:
             raise ValueError(f"n_max must be >= 1 (got {n_max})")
         self.sources, self.n_max, self.costs, self.available = list(sources), n_max, costs, available
@@ -376,14 +353,9 @@ class AutoPolicy(WidthPolicy):
 
     # ---- estimates ------------------------------------------------------------------------------------
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
-        """Per position: the kept acceptance moved (in log-odds) by the row's shift of it (`row_shift`: how sure the
-        target is of the row's text, and how the row's drafts fared against that), so a row whose drafts
-        fail early expects less at the positions they never reached too, and failures at moments the target
-        was unsure do not hold it back once the target is sure (the shape over positions is the kept
-        table's, learnt over many runs; a row's few outcomes move only its level); plus an exploration
-        bonus that shrinks with the times the position was reached and the times the row's drafts were
-        tested at all (half each: an early rejection must not end a good source at once, the first token of
-        an answer is often the hardest; nor must it leave every deeper position as promising as before)."""
+        """Per position: the kept acceptance moved in log-odds by the row's shift (`row_shift`), plus an
+        exploration bonus that shrinks with the times the position was reached and the row's tests of the
+        source (docs/policy.md)."""
         reached = self.counts[member][source][1]
         d = self.row_shift(source, member)
         prior = self.costs.prior_accept(source, self.n_max)
@@ -391,10 +363,8 @@ class AutoPolicy(WidthPolicy):
                 for r, p in zip(reached, prior)]
 
     def row_shift(self, source: str, member: int = 0) -> float:
-        """How far (in log-odds) this row's drafts of `source` pass more often than the kept acceptance says: the
-        row's confidence offset now (`offset`), plus how far its drafts passed more often than the kept acceptance
-        moved by the offset at each test said, at the positions they reached (MAP, ROW_SD the spread of texts
-        around the kept table)."""
+        """How far (in log-odds) this row's drafts of `source` pass more often than the kept acceptance says: its
+        confidence offset now (`offset`) plus a MAP fit of its outcomes at the positions they reached."""
         got = self._row_shifts.get((source, member))
         if got is None:
             acc, reached = self.counts[member][source]
@@ -406,14 +376,9 @@ class AutoPolicy(WidthPolicy):
         return got
 
     def offset(self, source: str, member: int = 0) -> float:
-        """How far (in log-odds, within CONF_CAP) the target's confidence in this row's recent tokens (`observe`)
-        is from its confidence where the source's kept acceptance was measured: a draft source that imitates
-        the target agrees with it about as often as the target is sure (the 0.5B draft's greedy agreement and the
-        1.5B target's mean largest probability, per text: docs/perf/auto.md; bench/confidence_signal.py at
-        b092569), so a row
-        whose text the target is less sure of expects fewer of its drafts to pass, before it pays for them. 0
-        where no confidence is kept for the source (a first run; a source that estimates its own tokens, whose
-        confidence is not kept: `measured`, calibrated on its own by `shift`)."""
+        """How far (log-odds, within CONF_CAP) the target's confidence in this row's recent tokens is from its
+        confidence where the source's kept acceptance was measured (0 where none is kept): a source that
+        imitates the target agrees with it about as often as the target is sure (docs/perf/auto.md)."""
         kept = self.costs.conf.get(source)
         if kept is None:
             return 0.0
@@ -523,13 +488,9 @@ class AutoPolicy(WidthPolicy):
         return self.last
 
     def watch(self, contexts: list) -> None:
-        """A deterministic source that did not draft is calibrated all the same, on the draft it would have made:
-        its tokens against those committed after them (a deterministic draft token passes with the probability
-        the target gives it, p(x), and the committed token is x with probability p(x), at every temperature
-        under the exact law; so the same Bernoulli outcome, and no target pass spent; not under typical
-        acceptance, where a token passes on a threshold: `watching` off). One pending draft per row and source,
-        decided once a token differs or all are matched, or learnt as far as committed when the source drafts;
-        committed tokens only, as every choice."""
+        """A deterministic source that did not draft is calibrated on the draft it would have made, against the
+        tokens committed after it (the same Bernoulli outcome under the exact law; off under typical
+        acceptance: `watching`). Committed tokens only, as every choice."""
         if not self.watching:
             return
         for b, (context, pending) in enumerate(zip(contexts, self.shadow)):
@@ -558,14 +519,9 @@ class AutoPolicy(WidthPolicy):
         self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
 
     def floor(self, source: str) -> tuple[float, float, list[float]]:
-        """(keep, go_on, shift) for a draft of `source` (drafters.autoregress): keep a drawn token while the chance
-        that the whole draft passes is worth its verification, what the best plan makes in that time (per_token
-        of n-gram lookup, which is verification alone, times the best expected tokens per second: at least a
-        plain step's); draw another while it is worth a draft step and its verification (per_token[source] times
-        that rate). That rate is the one to beat: a draft goes on while its next token comes faster than the run's
-        tokens come on average (the marginal value theorem of foraging: leave the patch when it yields less than
-        the whole forest). Each row's chances are calibrated by its shift for the source (how its drafts fared
-        against their confidence so far)."""
+        """(keep, go_on, shifts) for a draft of `source` (drafters.autoregress): keep a drawn token while the
+        chance that the whole draft passes is worth its verification at the run's best rate, draw another while
+        it is worth a draft step too; each row's chances shifted by its fit for the source."""
         plain, per = self.costs.plain, self.costs.per_token
         step = per.get(source, plain)
         verify = min(per.get("ngram", 0.1 * plain), step)
@@ -578,10 +534,9 @@ class AutoPolicy(WidthPolicy):
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
                chances: Sequence[Sequence[float]] | None = None, chained: bool = False) -> None:
-        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n by a
-        confidence floor, all n before passing, counts as a rejection at position n: the cycle commits n + 1
-        tokens either way (and the draft step that was cut was paid for). `chances`: what the source estimated of
-        each drafted token (the points of its shift, for the tokens the target tested)."""
+        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n
+        after n passed counts as a rejection at n (it commits n + 1 tokens either way). `chances`: the
+        source's estimate of each drafted token."""
         requested = requested or drafted
         self.tick += 1
         self._row_shifts = {}  # every count decays each cycle

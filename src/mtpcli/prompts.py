@@ -1,8 +1,6 @@
-"""The one prompt reader: --prompt, stdin, --prompt-file (files and folders), --prompts-jsonl, bench prompt sets.
-
-A prompt that cannot be used fails its own item (`error`); with one prompt the caller turns that into a usage
-error. Non-UTF-8 bytes are replaced, with a warning. A folder gives its *.txt files, recursively, sorted.
-"""
+"""The one prompt reader: --prompt, stdin, --prompt-file (files; folders give their *.txt files, recursively,
+sorted), --prompts-jsonl, bench prompt sets. A prompt that cannot be used fails its own item (`error`; with one
+prompt the caller makes that a usage error). Non-UTF-8 bytes are replaced, with a warning."""
 
 from __future__ import annotations
 
@@ -118,8 +116,7 @@ def read(prompt: str | None, files: list[str], jsonl: str | None, stdin=None) ->
 
 
 def bench_set(source: str | None) -> list[Item]:
-    """`mtpcli bench --prompts`: folders (recursive), .jsonl files, text files, comma-separated; the shipped
-    content classes by default."""
+    """`mtpcli bench --prompts`: comma-separated folders, .jsonl and text files; the shipped content classes."""
     names = [p for p in (source or str(SHIPPED)).split(",") if p]
     for name in names:
         if not Path(name).exists():

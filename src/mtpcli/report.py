@@ -15,9 +15,10 @@ from typing import Any, Sequence, TextIO
 from .errors import UsageError
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | None = None,
+def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: TextIO | None = None,
           tty: bool | None = None, title: str | None = None) -> None:
-    """A rich table on a terminal; aligned plain text otherwise."""
+    """A rich table on a terminal; aligned plain text otherwise. Without headers the rows are (key, value) pairs:
+    keys in bold cyan on a terminal, `key: value` lines (untitled) otherwise."""
     out = out or sys.stdout
     tty = out.isatty() if tty is None else tty
     cells = [[_fmt(c) for c in r] for r in rows]
@@ -25,18 +26,24 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | N
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=title, title_justify="left")
-        for h in headers:
+        t = Table(title=title, title_justify="left", show_header=headers is not None)
+        if headers is None:
+            t.add_column(style="bold cyan")
+            t.add_column()
+        for h in headers or ():
             t.add_column(h)
         for r in cells:
             t.add_row(*r)
         Console(file=out, force_terminal=True).print(t)
-        return
-    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    if title:
-        print(title, file=out)
-    for r in [[str(h) for h in headers], *cells]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    elif headers is None:
+        for k, v in cells:
+            print(f"{k}: {v}", file=out)
+    else:
+        widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+        if title:
+            print(title, file=out)
+        for r in [[str(h) for h in headers], *cells]:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
 
 
 def _fmt(x: Any) -> str:
@@ -54,18 +61,6 @@ def parse_since(text: str) -> float:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
         raise UsageError(f"--since {text!r}: give a duration like 2h or 7d, or an ISO date like 2026-11-29") from None
-
-
-def when(ts: float) -> str:
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def recent_rows(records: list[dict]) -> tuple[list[str], list[list[Any]]]:
-    headers = ["id", "time", "profile", "model", "law", "tokens", "tokens/cycle", "acceptance", "decode tok/s"]
-    rows = [[r["id"], when(r["time"]), r["profile"], r["model"], r["settings"].get("law"),
-             r["stats"]["generated_tokens"], r["stats"]["tokens_per_cycle"], r["stats"]["acceptance_rate"],
-             r["stats"]["decode_tps"]] for r in records]
-    return headers, rows
 
 
 def aggregate(records: list[dict]) -> dict[str, Any]:
@@ -136,7 +131,6 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
     source, and the source and width chosen over the run."""
     try:
         import matplotlib
-
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
@@ -180,12 +174,6 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
     fig.savefig(path)
 
 
-def clear() -> None:
-    from . import runlog
-
-    print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
-
-
 def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
          as_json=False, export=None) -> None:
     """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout."""
@@ -223,7 +211,10 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         headers, rows = [by, *next(iter(doc.values()))], [[name, *g.values()] for name, g in doc.items()]
     elif last:
         doc = records[-last:]
-        headers, rows = recent_rows(doc)
+        headers = ["id", "time", "profile", "model", "law", "tokens", "tokens/cycle", "acceptance", "decode tok/s"]
+        rows = [[r["id"], datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S"), r["profile"], r["model"],
+                 r["settings"].get("law"), r["stats"]["generated_tokens"], r["stats"]["tokens_per_cycle"],
+                 r["stats"]["acceptance_rate"], r["stats"]["decode_tps"]] for r in doc]
     else:
         r = records[-1]
         return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"))
@@ -252,11 +243,11 @@ def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> No
 # ---- `mtpcli history stats` and `mtpcli history export` ---------------------------------------------------------
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return ""
+    return f"{n:.1f} GiB"
 
 
 def human_count(n: float) -> str:
@@ -272,8 +263,7 @@ def ago(ts: float, now: float | None = None) -> str:
 
 
 def history_use(records: list[dict]) -> dict[str, Any]:
-    """What the history drafter gave the runs that had it: cycles, drafted and accepted tokens, and the share of the
-    committed tokens that its drafts supplied."""
+    """What the history drafter gave the runs that had it, and the share of their tokens its drafts supplied."""
     runs = [r for r in records if r["settings"].get("history") or "history" in (r["stats"].get("sources") or {})]
     src = [(r["stats"].get("sources") or {}).get("history") or {} for r in runs]
     drafted, accepted = sum(s.get("drafted", 0) for s in src), sum(s.get("accepted", 0) for s in src)
@@ -312,14 +302,14 @@ def history_export(text: bool = False) -> None:
     """Every kept output as a JSON line on stdout, oldest first; with TEXT, its decoded text too."""
     from . import history
 
-    tokenizer = functools.cache(_tokenizer)  # each model's loaded once
     for doc in history.export():
         if text:
-            tok = tokenizer(doc["model"])
+            tok = _tokenizer(doc["model"])
             doc["text"] = tok.decode(doc["output"]) if tok else None
         print(json.dumps(doc))
 
 
+@functools.cache  # each model's loaded once
 def _tokenizer(model: str):
     """The model's tokenizer; None (with a warning) where it has none."""
     from mlx_lm.utils import load_tokenizer

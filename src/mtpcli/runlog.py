@@ -1,5 +1,5 @@
 """The run log: one SQLite record per generate run or bench arm (WAL mode; a record is all or nothing), and the
-SQLite plumbing it shares with the history store."""
+SQLite plumbing and once-only warning it shares with the history store."""
 
 from __future__ import annotations
 
@@ -37,9 +37,8 @@ def disabled() -> bool:
 
 
 def use_wal(con: sqlite3.Connection) -> None:
-    """Put the database in write-ahead-log mode (kept in the file). Changing the mode does not wait for other
-    connections ("database is locked" at once while another process opens or writes the same new file), so it is
-    tried again for a few seconds."""
+    """Put the database in (persistent) WAL mode, trying for a few seconds: changing the mode does not wait for
+    other connections ("database is locked" at once while another process opens or writes the same new file)."""
     deadline = time.monotonic() + 5.0
     while True:
         try:
@@ -77,18 +76,16 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
 
 @contextlib.contextmanager
 def writing(con: sqlite3.Connection):
-    """One write transaction that waits for other writers (BEGIN IMMEDIATE): committed if the block ends, rolled
-    back if it raises; the connection is closed either way."""
-    try:
+    """One write transaction that waits for other writers (BEGIN IMMEDIATE), rolled back if the block raises; then
+    the connection is closed."""
+    with contextlib.closing(con):
         con.execute("BEGIN IMMEDIATE")
         try:
             yield con
-            con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
-    finally:
-        con.close()
+        con.execute("COMMIT")
 
 
 def _unreadable(path: Path, e: Exception) -> UsageError:
@@ -104,14 +101,19 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
         raise _unreadable(path, e) from None
 
 
-_warned = False
+_warned: set[str] = set()
+
+
+def warn(msg: str, key: str | None = None) -> None:
+    """`mtpcli: warning: MSG` on stderr, once per message (or per `key`)."""
+    if (key or msg) not in _warned:
+        _warned.add(key or msg)
+        print(f"mtpcli: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def append_safely(*, command, settings, profile, model, draft, prompt, stats, status, started,
                   prompt_text: str | None = None, log: bool = True) -> int | None:
-    """Append a record (one transaction: whole or not at all), its id; on any storage failure warn once on stderr
-    and carry on."""
-    global _warned
+    """Append a record (whole or not at all) and return its id; on any storage failure warn once and carry on."""
     if not log or disabled():
         return None
     digest = hashlib.sha256(json.dumps(list(prompt)).encode()).hexdigest()[:16]
@@ -122,9 +124,7 @@ def append_safely(*, command, settings, profile, model, draft, prompt, stats, st
             return con.execute("INSERT INTO runs (time, command, profile, model, draft, prompt_tokens, prompt_hash,"
                                " prompt, settings, stats, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)", values).lastrowid
     except (OSError, sqlite3.Error, UsageError) as e:
-        if not _warned:
-            print(f"mtpcli: warning: run not logged ({log_path()}): {e}", file=sys.stderr)
-            _warned = True
+        warn(f"run not logged ({log_path()}): {e}", key="run not logged")
         return None
 
 
@@ -162,15 +162,14 @@ def clear(path: Path | None = None) -> int:
 
 def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
     """The stored costs, or None (none yet, logging off, or an unreadable log: then the prior is used)."""
-    path = path or log_path()
-    if disabled() or not path.is_file():
+    if disabled():
         return None
     try:
-        with contextlib.closing(sqlite3.connect(path, timeout=30.0, isolation_level=None)) as con:
+        with contextlib.closing(_connect(path or log_path(), create=False)) as con:
             row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
-    except (sqlite3.Error, ValueError):
-        return None  # an old log without the table, or a damaged one: left untouched
+    except (UsageError, sqlite3.Error, ValueError):
+        return None  # no log, an old one without the table, or a damaged one: left untouched
 
 
 def update_costs(key: str, settle, path: Path | None = None) -> None:

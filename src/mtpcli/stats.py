@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any, TextIO
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -42,8 +44,7 @@ class _Drafts:
 
 def _add(xs: list[int], ys: list[int]) -> list[int]:
     """Per-position sums of two counts of different lengths."""
-    n = max(len(xs), len(ys))
-    return [a + b for a, b in zip(xs + [0] * (n - len(xs)), ys + [0] * (n - len(ys)))]
+    return [a + b for a, b in zip_longest(xs, ys, fillvalue=0)]
 
 
 @dataclass
@@ -132,8 +133,7 @@ class RunStats(_Drafts):
                                   entropy=entropy_sum, floor=floor_sum)
 
     def merge(self, other: "RunStats") -> "RunStats":
-        """Aggregate of two runs of the same settings: a batch's rows, or the completions of -n (a prompt shared
-        from an earlier prefill is counted once)."""
+        """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
                      "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
@@ -155,10 +155,7 @@ class RunStats(_Drafts):
 
     @staticmethod
     def total(runs: list["RunStats"]) -> "RunStats":
-        out = runs[0] if runs else RunStats()
-        for r in runs[1:]:
-            out = out.merge(r)
-        return out
+        return functools.reduce(RunStats.merge, runs) if runs else RunStats()
 
     # ---- derived figures (acceptance_rate and accept_by_position come from _Drafts) ------------------------------
     @property
@@ -202,7 +199,7 @@ class RunStats(_Drafts):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunStats":
-        """Rebuild enough of a run to render it (used by `mtpcli stats`)."""
+        """Rebuild what `render` shows of a run (for `mtpcli stats`): no typical-acceptance sums, no source trace."""
         s = cls()
         for name in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "peak_memory_bytes"):
             setattr(s, name, d.get(name) or 0)
@@ -215,16 +212,10 @@ class RunStats(_Drafts):
         s.accepted_at = [round(r * n) for r, n in zip(d.get("accept_by_position", []), s.reached)]
         s.width_trace = list(d.get("width_trace", []))
         s.tpc_trace = list(d.get("tokens_per_cycle_trace", []))
-        s.source_trace = list(d.get("source_trace", []))
         s.sources = {name: SourceStats.from_dict(x) for name, x in (d.get("sources") or {}).items()}
         s.decode_s = s.generated_tokens / d["decode_tps"] if d.get("decode_tps") else 0.0
         s.prefill_tokens = s.prompt_tokens
         s.prefill_s = s.prompt_tokens / d["prefill_tps"] if d.get("prefill_tps") else 0.0
-        if t := d.get("typical_acceptance"):
-            n = t.get("positions", 0)
-            s.typical = {k: t[k] for k in ("enabled", "threshold", "eps", "distribution_exact") if k in t}
-            s._typical_sums = Counter(positions=n, accepted=t.get("accepted", 0), resamples=t.get("resamples", 0),
-                                      entropy=t.get("mean_entropy", 0) * n, floor=t.get("mean_floor", 0) * n)
         return s
 
 
@@ -269,25 +260,17 @@ def summary_rows(s: RunStats) -> list[tuple[str, str]]:
 
 
 def render(s: RunStats, out: TextIO, tty: bool, title: str = "mtpcli run") -> None:
-    """A rich table on a terminal, plain `key: value` lines otherwise."""
-    rows = summary_rows(s)
-    if not tty:
-        for k, v in rows:
-            print(f"{k}: {v}", file=out)
-        return
-    from rich.console import Console
-    from rich.table import Table
+    """A rich table on a terminal (with the traces and histogram bars), plain `key: value` lines otherwise."""
+    from .report import table
 
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold cyan")
-    table.add_column()
-    if len(set(s.width_trace)) > 1:
-        rows.append(("draft_width_trace", sparkline(s.width_trace)))
-    if s.tpc_trace:
-        rows.append(("tokens_per_cycle_trace", sparkline(s.tpc_trace)))
-    for label, counter in (("accept_length", s.accept_lengths), ("draft_width", s.draft_widths)):
-        total = sum(counter.values()) or 1
-        rows += [(f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}") for k, v in sorted(counter.items())]
-    for k, v in rows:
-        table.add_row(k, v)
-    Console(file=out, force_terminal=True).print(table)
+    rows = summary_rows(s)
+    if tty:
+        if len(set(s.width_trace)) > 1:
+            rows.append(("draft_width_trace", sparkline(s.width_trace)))
+        if s.tpc_trace:
+            rows.append(("tokens_per_cycle_trace", sparkline(s.tpc_trace)))
+        for label, counter in (("accept_length", s.accept_lengths), ("draft_width", s.draft_widths)):
+            total = sum(counter.values()) or 1
+            for k, v in sorted(counter.items()):
+                rows.append((f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}"))
+    table(None, rows, out, tty, title)

@@ -13,25 +13,6 @@ from .prompts import Item
 from .stats import RunStats
 
 
-class Output:
-    """Writes generated text (or JSON) to stdout; detects a closed pipe."""
-
-    def __init__(self, out: TextIO):
-        self.out = out
-        self.closed = False
-
-    def write(self, text: str) -> None:
-        if self.closed or not text:
-            return
-        try:
-            self.out.write(text)
-            self.out.flush()
-        except BrokenPipeError:
-            self.closed = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.out.fileno())  # so the interpreter's own flush at exit stays quiet
-
-
 @dataclass
 class Completion:
     index: int
@@ -40,6 +21,10 @@ class Completion:
     finish_reason: str | None = None
     stats: RunStats | None = None
     text: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.item.error is not None or self.finish_reason is not None
 
     def row(self, source: bool) -> dict[str, Any]:
         head = {"index": self.index, **({"source": self.item.source} if source else {})}
@@ -50,16 +35,26 @@ class Completion:
 
 
 class Writer:
-    """Completions in input order: the first unfinished one streams (text), later ones wait their turn."""
+    """Completions in input order on stdout: the first unfinished one streams (text), later ones wait their turn.
+    Once the pipe is closed (`closed`), nothing more is written."""
 
-    def __init__(self, fmt: str, output: Output, tokenizer, completions: list[Completion], separator: str,
+    def __init__(self, fmt: str, out: TextIO, tokenizer, completions: list[Completion], separator: str,
                  source: bool, runs: dict):
-        self.fmt, self.output, self.tok, self.rows, self.runs = fmt, output, tokenizer, completions, runs
-        self.separator, self.source = separator, source
+        self.fmt, self.out, self.tok, self.rows, self.runs = fmt, out, tokenizer, completions, runs
+        self.separator, self.source, self.closed = separator, source, False
         self.detok = tokenizer.detokenizer
         self.next = 0  # the first completion not yet fully written
-        self.started = False  # rows[next] has begun (text: its separator is out)
-        self.streamed = 0  # tokens of rows[next] given to the detokenizer
+        self.streamed: int | None = None  # tokens of rows[next] given to the detokenizer (None: not begun)
+
+    def write(self, text: str) -> None:
+        if self.closed or not text:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except BrokenPipeError:
+            self.closed = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.out.fileno())  # so the exit's own flush stays quiet
 
     def event(self, index: int, tokens: list[int], finish: str | None) -> None:
         c = self.rows[index]
@@ -67,37 +62,34 @@ class Writer:
         c.finish_reason = finish or c.finish_reason
         self.flush()
 
-    @staticmethod
-    def _done(c: Completion) -> bool:
-        return c.item.error is not None or c.finish_reason is not None
-
     def flush(self) -> None:
-        while self.next < len(self.rows) and not self.output.closed:
+        while self.next < len(self.rows) and not self.closed:
             c = self.rows[self.next]
             if self.fmt == "text":
-                if not self.started:
-                    self.output.write(self.separator if self.next else "")
-                    self.started, self.streamed = True, 0
+                if self.streamed is None:  # its separator first
+                    self.write(self.separator if self.next else "")
+                    self.streamed = 0
                 for t in c.tokens[self.streamed:]:
                     self.detok.add_token(t)
                 self.streamed = len(c.tokens)
-                if self._done(c):
+                if c.done:
                     self.detok.finalize()
-                self.output.write(self.detok.last_segment)
-            if not self._done(c):
+                self.write(self.detok.last_segment)
+            if not c.done:
                 return
             c.text = "" if c.item.error else self.tok.decode(c.tokens)
             c.stats = self.runs.get(c.index)
             if self.fmt == "jsonl":
-                self.output.write(json.dumps(c.row(self.source)) + "\n")
+                self.write(json.dumps(c.row(self.source)) + "\n")
             self.detok.reset()
-            self.next, self.started = self.next + 1, False
+            self.next, self.streamed = self.next + 1, None
 
     def close(self) -> None:
-        """Interrupted rows end with what they committed."""
+        """Interrupted rows end with what they committed; every row gets its statistics, written or not."""
         for c in self.rows:
-            if not self._done(c):
+            c.stats = self.runs.get(c.index)
+            if not c.done:
                 c.finish_reason = "interrupted"
         self.flush()
         if self.fmt == "text":
-            self.output.write("\n")
+            self.write("\n")

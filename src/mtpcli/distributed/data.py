@@ -1,6 +1,5 @@
-"""Data mode: every rank decodes a share of the requests (balanced by prompt plus output length, batching its share);
-rank 0 gathers every completion and its statistics and yields them in input order. Also the watched event stream of
-a sharded target."""
+"""Data mode: every rank decodes (batched) a share of the requests, balanced by prompt plus output length; rank 0
+gathers every completion and statistics and yields them in input order. Also a sharded target's watched events."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import sys
 import time
 from typing import Iterator
 
+from ..engine import Event
 from ..errors import EXIT_RUNTIME, MtpError
 
 
@@ -45,8 +45,6 @@ def watched(group, engine, requests: list) -> Iterator:
 def events(group, engine, requests: list) -> Iterator:
     """This rank's share decoded, then on rank 0 every request's completion in input order (and every rank's
     statistics in engine.runs)."""
-    from ..engine import Event
-
     parts_of = shares(requests, group.size)
     done: dict[int, list] = {}
     error = None
@@ -56,10 +54,8 @@ def events(group, engine, requests: list) -> Iterator:
             row = done.setdefault(ev.request, [[], None])
             row[0].extend(ev.tokens)
             row[1] = ev.finish_reason or row[1]
-    except MtpError as e:
-        error = str(e)
     except Exception as e:  # noqa: BLE001 - reported by rank 0 as this rank's failure
-        error = f"{type(e).__name__}: {e}"
+        error = str(e) if isinstance(e, MtpError) else f"{type(e).__name__}: {e}"
     if error and not group.root:  # said at once too: the gather may wait long for the other ranks
         print(f"mtpcli: error: rank {group.rank}: {error}", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - t0
@@ -76,17 +72,15 @@ def events(group, engine, requests: list) -> Iterator:
     if not group.root:
         return
     engine.cycles = sum(p["cycles"] for p in parts)
-    failed = {}
+    failed = set()  # the requests of the ranks that failed
     for p in parts:
         engine.runs.update({i: r for i, r in p["runs"].items() if r is not None})
         if p["error"]:
             print(f"mtpcli: error: rank {p['rank']} failed: {p['error']}", file=sys.stderr, flush=True)
-            failed.update({r.index: p["rank"] for r in parts_of[p["rank"]]})
+            failed |= {r.index for r in parts_of[p["rank"]]}
     rows = {i: row for p in parts for i, row in p["done"].items()}
     for r in requests:
         if r.index in failed and r.index not in rows:
             group.extra.setdefault("failed_requests", []).append(r.index)
-            yield Event(r.index, [], "error")
-            continue
         tokens, finish = rows.get(r.index, ([], "error"))
         yield Event(r.index, tokens, finish or "length")

@@ -3,6 +3,7 @@ rank but 0. `Solo` is the group of one process."""
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import threading
@@ -22,8 +23,8 @@ def launched() -> bool:
 
 
 def backend_name() -> str:
-    return next((name for key, name in _BACKEND_ENV if os.environ.get(key)), "ring" if "MLX_RANK" in os.environ
-                else "none")
+    default = "ring" if "MLX_RANK" in os.environ else "none"
+    return next((name for key, name in _BACKEND_ENV if os.environ.get(key)), default)
 
 
 class Watchdog:
@@ -32,29 +33,22 @@ class Watchdog:
 
     def __init__(self, timeout: float, rank: int):
         self.timeout, self.rank = timeout, rank
-        self.deadline: float | None = None
-        self.what = ""
-        self._lock = threading.Lock()
+        self.disarm()
         threading.Thread(target=self._watch, daemon=True, name="mtpcli-watchdog").start()
 
     def arm(self, what: str, seconds: float | None = None) -> None:
-        with self._lock:
-            self.what = what
-            self.deadline = time.monotonic() + (seconds or self.timeout)
+        self.armed = (time.monotonic() + (seconds or self.timeout), what)  # one tuple: set and read whole, no lock
 
     kick = arm
 
     def disarm(self) -> None:
-        with self._lock:
-            self.deadline = None
+        self.armed = (float("inf"), "")
 
     def _watch(self) -> None:
         while True:
             time.sleep(min(1.0, self.timeout / 4))
-            with self._lock:
-                late = self.deadline is not None and time.monotonic() > self.deadline
-                what = self.what
-            if late:
+            deadline, what = self.armed
+            if time.monotonic() > deadline:
                 print(f"mtpcli: error: no answer from the other ranks for {self.timeout:g} s "
                       f"({what}); a rank failed or hung (--distributed-timeout)", file=sys.stderr, flush=True)
                 os._exit(EXIT_RUNTIME)
@@ -115,9 +109,8 @@ class Group:
         self.watchdog.arm(what, seconds)
         lengths = mx.distributed.all_gather(mx.array([len(payload)], mx.int32), group=self.group).tolist()
         width = -(-max(lengths) // 4)  # in int32 words (the dtype every backend gathers)
-        buf = np.zeros(width * 4, np.uint8)
-        buf[: len(payload)] = np.frombuffer(payload, np.uint8)
-        got = mx.distributed.all_gather(mx.array(buf.view(np.int32)), group=self.group)
+        buf = np.frombuffer(payload.ljust(width * 4, b"\0"), np.int32)
+        got = mx.distributed.all_gather(mx.array(buf), group=self.group)
         got = np.array(got).reshape(self.size, width).view(np.uint8)
         self.watchdog.disarm()
         self.collective_s += time.perf_counter() - t0
@@ -128,15 +121,12 @@ class Group:
         """The events the front end writes: the engine's own (watched), or this rank's share in data mode."""
         from . import data
 
-        if self.mode == "data":
-            return data.events(self, engine, requests)
-        return data.watched(self, engine, requests)
+        return (data.events if self.mode == "data" else data.watched)(self, engine, requests)
 
     def record(self, cycles: int) -> dict:
-        d = {"mode": self.mode, "size": self.size, "backend": self.backend, "collective_s": self.collective_s,
-             "messages": self.messages, "cycles": cycles,
-             "collective_ms_per_cycle": 1e3 * self.collective_s / cycles if cycles else 0.0}
-        return {**d, **self.extra}
+        return {"mode": self.mode, "size": self.size, "backend": self.backend, "collective_s": self.collective_s,
+                "messages": self.messages, "cycles": cycles,
+                "collective_ms_per_cycle": 1e3 * self.collective_s / cycles if cycles else 0.0, **self.extra}
 
 
 def setup(cfg, several: bool) -> Group | Solo:
@@ -154,40 +144,27 @@ def setup(cfg, several: bool) -> Group | Solo:
     mode = cfg.distributed if cfg.distributed != "auto" else "data" if several else "tensor"
     g = Group(mode, group, group.rank(), group.size(), backend_name(), float(cfg.distributed_timeout))
     g.watchdog = Watchdog(g.timeout, g.rank)
-    quiet_follower(g)
+    if not g.root and not isinstance(sys.stderr, _RankStderr):  # rank 0 alone writes stdout and the statistics
+        sys.stdout, sys.stderr = open(os.devnull, "w"), _RankStderr(g.rank, sys.stderr)
     return g
 
 
-class _RankStderr:
+class _RankStderr(io.TextIOBase):
     """A follower's stderr: its errors only, naming the rank (rank 0 writes everything else)."""
 
     def __init__(self, rank: int, real):
         self.rank, self.real, self.buf = rank, real, ""
 
     def write(self, text: str) -> int:
-        self.buf += text
-        *lines, self.buf = self.buf.split("\n")
+        *lines, self.buf = (self.buf + text).split("\n")
         for line in lines:
             if line.startswith(("mtpcli: error", "mtpcli: internal error")):
                 self.real.write(line.replace("mtpcli:", f"mtpcli: rank {self.rank}:", 1) + "\n")
                 self.real.flush()
         return len(text)
 
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
     def fileno(self) -> int:
         return self.real.fileno()
-
-
-def quiet_follower(g: Group) -> None:
-    """Only rank 0 writes stdout and the statistics; the others keep their error lines."""
-    if not g.root and not isinstance(sys.stderr, _RankStderr):
-        sys.stdout = open(os.devnull, "w")
-        sys.stderr = _RankStderr(g.rank, sys.stderr)
 
 
 def refuse_stdin(prompt, files, jsonl) -> None:
@@ -201,14 +178,13 @@ def describe(d: dict) -> str:
     """One stderr / `mtpcli stats` line."""
     line = (f"distributed: {d['mode']} over {d['size']} ranks ({d['backend']}), {d['messages']} collectives of ours "
             f"in {d['collective_s'] * 1e3:.1f} ms")
+    if d["mode"] == "data":
+        prompts = ", ".join(str(x) for x in d.get("prompts_per_rank", []))
+        return f"{line} (the gather, waiting for the slowest rank included); prompts per rank: {prompts}"
     if d.get("in_graph"):
-        line += (f"; {d['cycles']} plain steps, each with rank 0's token broadcast inside its graph (not timed apart "
-                 "from the pass)")
-    elif d["mode"] != "data":
-        line += f": {d['collective_ms_per_cycle']:.2f} ms per cycle over {d['cycles']} cycles"
-        if d.get("model_collectives_per_pass"):
-            line += f"; the model's own: {d['model_collectives_per_pass']} per target pass"
-    else:
-        line += " (the gather, waiting for the slowest rank included); prompts per rank: " + \
-            ", ".join(str(x) for x in d.get("prompts_per_rank", []))
+        return (f"{line}; {d['cycles']} plain steps, each with rank 0's token broadcast inside its graph (not timed "
+                "apart from the pass)")
+    line += f": {d['collective_ms_per_cycle']:.2f} ms per cycle over {d['cycles']} cycles"
+    if d.get("model_collectives_per_pass"):
+        line += f"; the model's own: {d['model_collectives_per_pass']} per target pass"
     return line

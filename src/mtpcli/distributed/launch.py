@@ -4,6 +4,7 @@ status (mlx.launch itself exits 0 when a rank fails) and one line names that ran
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -14,8 +15,6 @@ import threading
 
 from ..errors import UsageError
 from .rank import MARK
-
-STDIN_FILL = 1 << 18  # bytes: more than any rank's stdin pipe holds (see _fill)
 
 
 def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None, python: str | None,
@@ -38,10 +37,11 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         extra = [*extra, "--starting-port", str(free_ports(n))]  # and the cores shared out between the ranks' BLAS
         if "OPENBLAS_NUM_THREADS" not in os.environ:
             extra += ["--env", f"OPENBLAS_NUM_THREADS={max(1, (os.cpu_count() or 1) // n)}"]
-    argv = [runner, "-n", str(n)] + (["--hosts", hosts] if hosts else []) + (["--hostfile", hostfile] if hostfile
-                                                                            else [])
-    argv += (["--backend", backend] if backend else []) + ["--python", py, *extra, "--",
-                                                           "-m", "mtpcli.distributed.rank", *command]
+    argv = [runner, "-n", str(n)]
+    for flag, value in (("--hosts", hosts), ("--hostfile", hostfile), ("--backend", backend)):
+        if value:
+            argv += [flag, value]
+    argv += ["--python", py, *extra, "--", "-m", "mtpcli.distributed.rank", *command]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as e:
@@ -62,54 +62,36 @@ def _fill(pipe) -> None:
     """The ranks read no stdin (generate refuses it under the launcher). mlx.launch relays its stdin to every rank
     and polls each rank's stdin pipe for room to write, which an empty pipe always has: its threads would spin a
     core each. Filled once, the pipes stay full; ours stays open, so its poll waits too."""
-    try:
-        pipe.write(b"\0" * STDIN_FILL)
+    with contextlib.suppress(OSError):  # (a broken pipe included)
+        pipe.write(b"\0" * (1 << 18))  # more than any rank's stdin pipe holds
         pipe.flush()
-    except (BrokenPipeError, OSError):
-        pass
 
 
 def _relay(stream, statuses: dict) -> None:
-    """Copy the ranks' stderr to ours, taking out the status lines of rank.py."""
-    out, buf = sys.stderr.buffer, b""
-    mark = MARK.encode()
-    while True:
-        chunk = os.read(stream.fileno(), 65536)
-        *lines, buf = (buf + chunk).split(b"\n")
-        if not chunk and buf:
-            lines, buf = lines + [buf], b""
-        for line in lines:
-            at = line.find(mark)
-            if at >= 0:
-                parts = line[at + len(mark):].decode(errors="replace").split()
-                if len(parts) == 4 and parts[0].isdigit():
-                    value = int(parts[2])
-                    statuses[int(parts[0])] = (-value if parts[1] == "signal" else value, parts[3] == "stopped")
-                line = line[:at]
-                if not line:
-                    continue
+    """Copy the ranks' stderr to ours line by line, taking out the status lines of rank.py."""
+    out, mark = sys.stderr.buffer, MARK.encode()
+    for line in stream:
+        line, found, status = line.rstrip(b"\n").partition(mark)
+        parts = status.decode(errors="replace").split()
+        if len(parts) == 4 and parts[0].isdigit():
+            value = int(parts[2])
+            statuses[int(parts[0])] = (-value if parts[1] == "signal" else value, parts[3] == "stopped")
+        if line or not found:
             out.write(line + b"\n")
-        out.flush()
-        if not chunk:
-            return
+            out.flush()
 
 
 def free_ports(n: int) -> int:
     """The first of n consecutive free TCP ports on this machine."""
     for _ in range(200):
         start = random.randint(20000, 60000 - n)
-        socks = []
-        try:
-            for port in range(start, start + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
+        with contextlib.ExitStack() as socks:
+            try:
+                for port in range(start, start + n):
+                    socks.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
             return start
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     return 32323
 
 

@@ -1,13 +1,12 @@
 """What `mtpcli launch` runs on every rank: `python -m mtpcli.distributed.rank CMD...` runs CMD, then writes one
-line on stderr saying how it ended. mlx.launch relays every rank's stderr (from this machine or over ssh), so the
-line reaches `mtpcli launch`, which takes it out of the stream and exits with the worst rank's status.
+status line on stderr, which mlx.launch relays (from this machine or over ssh) to `mtpcli launch`.
 
-The launcher stops the other ranks once one fails (SIGTERM to this process): it is passed on to CMD with a SIGCONT
-(a stopped rank would otherwise never see it), and a CMD still alive GRACE seconds later is killed, so no rank keeps
-the job waiting."""
+When one rank fails the launcher stops the others (SIGTERM here): it is passed on to CMD with a SIGCONT (a stopped
+CMD would never see it), and a CMD still alive GRACE seconds later is killed, so no rank keeps the job waiting."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,10 +17,6 @@ MARK = "mtpcli-rank-status:"
 GRACE = 5.0
 
 
-def rank() -> str:
-    return next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "?")
-
-
 def main(argv: list[str]) -> int:
     child = subprocess.Popen(argv)
     stopped = threading.Event()
@@ -29,18 +24,17 @@ def main(argv: list[str]) -> int:
     def stop(signum, _frame):
         stopped.set()
         for sig in (signum, signal.SIGCONT):
-            try:
+            with contextlib.suppress(OSError):
                 child.send_signal(sig)
-            except (ProcessLookupError, OSError):
-                pass
         threading.Timer(GRACE, lambda: child.poll() is None and child.kill()).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a Ctrl-C reaches CMD itself: its process group is ours)
     code = child.wait()
+    rank = next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "?")
     how = f"signal {-code}" if code < 0 else f"exit {code}"
-    os.write(2, f"{MARK} {rank()} {how} {'stopped' if stopped.is_set() else 'own'}\n".encode())
+    os.write(2, f"{MARK} {rank} {how} {'stopped' if stopped.is_set() else 'own'}\n".encode())
     return 128 - code if code < 0 else code
 
 

@@ -1,8 +1,7 @@
-"""A target sharded over the group (tensor: mlx-lm's sharded_load; pipeline: its stages). The drafter runs on rank 0;
-every rank runs the verify pass; rank 0 decides the law's verdict. The engine's `Peer` here carries ONE message per
-cycle beyond the model's own collectives: rank 0's verdict of the last cycle together with its drafts for the next
-(a row about to be prefilled gets the verdict on its own first, so that every rank prefills the same rows). Plain
-decoding needs no message: rank 0's token is broadcast inside the step's graph."""
+"""A target sharded over the group (tensor: mlx-lm's sharded_load; pipeline: its stages): the drafter runs on rank 0,
+the verify pass on every rank, and rank 0 decides the verdict. `Peer` sends ONE message a cycle beyond the model's
+own collectives: the last cycle's verdict with the next cycle's drafts (the verdict alone before a prefill, so that
+every rank prefills the same rows). Plain decoding needs none: rank 0's token is broadcast inside each step's graph."""
 
 from __future__ import annotations
 
@@ -10,19 +9,21 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
+from mlx.nn.layers.distributed import ShardedToAllLinear
 
+from .. import assemble, models
+from ..controller import FixedWidth
 from ..drafters import Draft, Drafter
+from ..engine import Engine
 from ..errors import ModelError, MtpError
 from ..verify import Judged, Verdict
 
 
 def load_target(name: str, mode: str, group):
     """The target sharded over the group with mlx-lm's sharded_load (tensor), or split into pipeline stages."""
-    import mlx.core as mx
     from mlx_lm.utils import load_model, load_tokenizer, sharded_load
-
-    from .. import models
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = models.resolve(name)  # (MTP heads are not loaded: --draft mtp is refused)
@@ -32,7 +33,7 @@ def load_target(name: str, mode: str, group):
             model, tokenizer, config = sharded_load(str(path), pipe, tensor, return_config=True)
         else:  # one weights file: mlx-lm's own steps without the per-stage file selection
             model, config = load_model(Path(path), lazy=True, strict=False)
-            if not (hasattr(model, "model") and hasattr(model.model, "pipeline")):
+            if not hasattr(getattr(model, "model", None), "pipeline"):
                 raise ValueError("The model does not support pipelining")
             model.model.pipeline(group)
             mx.eval(model.parameters())
@@ -54,13 +55,8 @@ def load_target(name: str, mode: str, group):
 
 
 def collectives_per_pass(model, mode: str) -> int:
-    """The model's own collectives in one target pass: shard_linear's all_sums (tensor), or the stage hand-offs
-    and the final all_gather (pipeline)."""
-    if mode == "pipeline":
-        return 2
-    from mlx.nn.layers.distributed import ShardedToAllLinear
-
-    return sum(1 for _, m in model.named_modules() if isinstance(m, ShardedToAllLinear))
+    """The model's own collectives per target pass: shard_linear's all_sums, or (pipeline) the hand-offs and gather."""
+    return 2 if mode == "pipeline" else sum(1 for _, m in model.named_modules() if isinstance(m, ShardedToAllLinear))
 
 
 @dataclass
@@ -137,16 +133,12 @@ class Peer:
             m = self._receive()
             if m.verdict is not None or m.lengths is None:
                 raise RuntimeError("rank 0 and this rank disagree on the protocol (a verdict where drafts were due)")
-        import mlx.core as mx
-
         rows = draft.tokens.shape[0]
         tokens = mx.array(m.tokens[:rows]) if m.tokens.shape[1] else mx.zeros((rows, 0), mx.int32)
         return Draft(tokens, None, m.lengths[:rows], m.lengths[:rows]), m.source
 
     def judged(self, judged: Judged, logits) -> Judged:
         """Rank 0 judges; the others only make the pass happen (their verdict comes with the next message)."""
-        import mlx.core as mx
-
         if not self.g.root:
             judged = Judged(Verdict(mx.zeros(logits.shape[0], mx.int32), mx.argmax(logits[:, -1], axis=-1)))
         if self.in_graph:  # rank 0's token on every rank, inside the step's graph (the others' is their pass's)
@@ -157,8 +149,6 @@ class Peer:
 
     def verdict(self, judged: Judged, width: int) -> tuple[list[int], list[int]]:
         """At the host sync: rank 0 keeps its verdict to send with the next drafts; the others receive it."""
-        import mlx.core as mx
-
         self.g.watchdog.kick("verify pass")
         if self.in_graph or self.g.root:
             tok = judged.verdict.token.tolist()
@@ -197,10 +187,6 @@ class Follower(Drafter):
 def engine(group, cfg, target, draft, batch_size: int, store=None):
     """The engine of a tensor or pipeline run: rank 0's as in one process, the others' without a drafter, with rank
     0's batch size and draft width (sent once)."""
-    from .. import assemble
-    from ..controller import FixedWidth
-    from ..engine import Engine
-
     eng = assemble.engine(cfg, target, draft, batch_size, store) if group.root else None
     mine = [eng.batch_size, int(eng.drafter.speculates), int(eng.drafter.needs_hidden),
             max(cfg.n_max, cfg.num_draft_tokens)] if group.root else None

@@ -2,14 +2,14 @@
 suffix of a row's context in what earlier runs produced (history.Store), in what this run finished so far, and in
 the row's own prompt and output; propose the continuation that most often followed that suffix.
 
-A context is matched as `prompt OUT output`, stored documents as `[prompt] OUT output END` (the prompt only where it
-was kept), so an answer's first tokens match earlier answers' first tokens even without their prompts. Candidates
-are the most recent CANDIDATES occurrences of the context's last LONG tokens in each corpus, else of its last 2;
-every candidate of the longest match (up to MAX_MATCH tokens) votes for the next token, and the draft follows the
-winner while the product over depths of votes / (candidates + PSEUDO / match length ** POWER) stays above MIN_PROB
-(a match reaching back to the answer's start counts LONG tokens more: the start stands for a prompt not kept).
-`auto` weighs each token's estimate (`available`) against its costs; PSEUDO and POWER are calibrated in
-docs/perf/history.md. Drafts are deterministic (q one-hot): the exact law accepts a token with p(token).
+A context is matched as `prompt OUT output`, stored documents as `[prompt] OUT output END` (the prompt only where
+kept), so an answer's first tokens match earlier answers' first tokens even without their prompts. Candidates are
+the most recent CANDIDATES occurrences of the context's last LONG tokens in each corpus, else of its last 2; every
+candidate of the longest match (up to MAX_MATCH tokens) votes for the next token, and the draft follows the winner
+while the product over depths of its estimates (PSEUDO) stays above MIN_PROB; a match reaching back to the answer's
+start counts LONG tokens more (the start stands for a prompt not kept). `auto` weighs each token's estimate
+(`available`) against its costs; PSEUDO and POWER are calibrated in docs/perf/history.md. Drafts are deterministic
+(q one-hot): the exact law accepts a token with p(token).
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ class Corpus:
                 parts.append(d.prompt)
             parts += [np.array([OUT], np.int64), d.output, np.array([END], np.int64)]
         self.tokens = np.concatenate(parts)
-        self.size = self.tokens.size
         self.indexes = [Index(self.tokens, LONG), Index(self.tokens, 2)]
         self.starts = np.flatnonzero(self.tokens == OUT)
 
@@ -79,7 +78,7 @@ class Corpus:
             return self.starts[-CANDIDATES:]
         for ix in self.indexes:
             found = ix.find(query)
-            found = found[found < self.size - 1]
+            found = found[found < self.tokens.size - 1]
             if found.size:
                 return found
         return found
@@ -120,9 +119,8 @@ def match_lengths(tokens: np.ndarray, ends: np.ndarray, query: np.ndarray) -> np
 
 
 def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int) -> tuple[list, list]:
-    """The draft for `query` (up to k tokens) from candidate end positions in each corpus (tokens, ends); corpora
-    and the positions within each are oldest first. Returns the draft and each token's estimated probability given
-    the ones before it."""
+    """The draft for `query` (up to k tokens) and each token's estimated probability given the ones before it, from
+    candidate end positions in each corpus (tokens, ends), corpora and positions oldest first."""
     conts, lengths = [], []
     for tokens, ends in corpora:
         if ends.size == 0:
@@ -163,8 +161,7 @@ class HistoryDrafter(Drafter):
     name = "history"
 
     def __init__(self, store, vocab: int | None = None):
-        """`vocab`: the target's output size; a stored id past it (a model of the same tokenizer but a shorter
-        output layer wrote it) ends a draft."""
+        """`vocab`: the target's output size; a stored id past it (from a shorter output layer) ends a draft."""
         self.store, self.vocab = store, vocab
         t0 = time.perf_counter()
         docs = store.load().docs
