@@ -17,7 +17,7 @@ from . import assemble, config, models, prompts, runlog
 from .engine import Request
 from .errors import UsageError
 from .generate import encode_prompt
-from .report import table
+from .stats import table
 from .stats import RunStats
 
 

@@ -273,7 +273,9 @@ def models_list():
     rows = [[a.name, "yes" if fetch.is_cached(a.name) else "no", a.description] for a in fetch.ALIASES.values()]
     rows += [[p.name, "yes", "converted GGUF file"] for p in sorted(cache_dir().glob("gguf-*"))
              if (p / "config.json").is_file()]  # (none where the cache is not there yet)
-    report.table(["name", "cached", "what"], rows)
+    from .stats import table
+
+    table(["name", "cached", "what"], rows)
     print(f"cache: {cache_dir()}", file=sys.stderr)
 
 

@@ -220,7 +220,7 @@ def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, pro
             err(f"mtpcli: warning: --stats-json {opts.stats_json}: {e.strerror or e}")
     if not opts.quiet:
         title = f"mtpcli · {cfg.profile} · {cfg.law}" + ("" if opts.single else f" · {prompts} prompts")
-        render(total, sys.stderr, sys.stderr.isatty(), title=title)
+        render(record, sys.stderr, sys.stderr.isatty(), title=title)
         if (b := record.get("batch")) and not opts.single:
             err(f"batch: {prompts} prompts ({b['failed']} failed), batch size {b['batch_size']}, {b['cycles']} "
                 f"cycles, {b['tokens']} tokens in {b['wall_s']:.2f} s: {b['throughput_tok_s']:.2f} tok/s in all")

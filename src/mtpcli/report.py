@@ -1,4 +1,4 @@
-"""Views over the run log for `mtpcli stats`, and the one table printer every command uses."""
+"""Views over the run log for `mtpcli stats`."""
 
 from __future__ import annotations
 
@@ -13,43 +13,7 @@ from datetime import datetime
 from typing import Any, Sequence, TextIO
 
 from .errors import UsageError
-
-
-def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: TextIO | None = None,
-          tty: bool | None = None, title: str | None = None) -> None:
-    """A rich table on a terminal; aligned plain text otherwise. Without headers the rows are (key, value) pairs:
-    keys in bold cyan on a terminal, `key: value` lines (untitled) otherwise."""
-    out = out or sys.stdout
-    tty = out.isatty() if tty is None else tty
-    cells = [[_fmt(c) for c in r] for r in rows]
-    if tty:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=title, title_justify="left", show_header=headers is not None)
-        if headers is None:
-            t.add_column(style="bold cyan")
-            t.add_column()
-        for h in headers or ():
-            t.add_column(h)
-        for r in cells:
-            t.add_row(*r)
-        Console(file=out, force_terminal=True).print(t)
-    elif headers is None:
-        for k, v in cells:
-            print(f"{k}: {v}", file=out)
-    else:
-        widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-        if title:
-            print(title, file=out)
-        for r in [[str(h) for h in headers], *cells]:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
-
-
-def _fmt(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
-    return "-" if x is None else str(x)
+from .stats import table
 
 
 def parse_since(text: str) -> float:
@@ -184,6 +148,8 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             doc = json.loads(open(file, encoding="utf-8").read())
         except (OSError, ValueError) as e:
             raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
+        if not isinstance(doc, dict):
+            raise UsageError(f"--file {file}: not a run's statistics (a JSON {type(doc).__name__})")
         return _show_run(doc, as_json, plot, run_title(None, doc, file))
     records = runlog.query(since=parse_since(since) if since else None, model=model, profile=profile)
     if not records:
@@ -225,12 +191,15 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
 
 
 def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> None:
-    from .stats import RunStats, render
+    from .stats import REQUIRED, render
 
+    missing = [k for k in REQUIRED if k not in doc]
+    if missing:
+        raise UsageError(f"{title.split(' · ')[0]}: not a run's statistics (no {missing[0]})")
     if as_json:
         print(json.dumps(doc))
     else:
-        render(RunStats.from_dict(doc), sys.stdout, sys.stdout.isatty(), title=title)
+        render(doc, sys.stdout, sys.stdout.isatty(), title=title)
         if doc.get("distributed"):
             from .distributed import describe
 

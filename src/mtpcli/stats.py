@@ -1,16 +1,21 @@
-"""Per-run cycle statistics: collected by the engine, merged over completions, rendered on stderr."""
+"""Per-run cycle statistics: collected by the engine, merged over completions, rendered on stderr; and the one
+table printer every command uses."""
 
 from __future__ import annotations
 
 import functools
 import statistics
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import zip_longest
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 SPARK = "▁▂▃▄▅▆▇█"
 PLAIN = "plain"  # the name of width-0 cycles (plain decoding steps) in per-source statistics
+REQUIRED = ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate", "tokens_per_cycle",
+            "accept_by_position", "accept_length_hist", "draft_width_hist", "prefill_tps", "decode_tps",
+            "peak_memory_bytes")  # what a run's record always has (summary_rows)
 
 
 @dataclass
@@ -197,29 +202,45 @@ class RunStats(_Drafts):
             d["typical_acceptance"] = self.typical_summary()
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunStats":
-        """Rebuild what `render` shows of a run (for `mtpcli stats`): no typical-acceptance sums, no source trace."""
-        s = cls()
-        for name in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "peak_memory_bytes"):
-            setattr(s, name, d.get(name) or 0)
-        s.ttft_s, s.controller_estimate = d.get("ttft_s") or None, d.get("controller_estimate") or None
-        s.floor_cut = d.get("floor_cut_drafts", 0)
-        s.accept_lengths = Counter({int(k): v for k, v in d.get("accept_length_hist", {}).items()})
-        s.draft_widths = Counter({int(k): v for k, v in d.get("draft_width_hist", {}).items()})
-        # the counts by position, back from the width histogram and the rates
-        s.reached = [sum(c for w, c in s.draft_widths.items() if w > i) for i in range(max(s.draft_widths, default=0))]
-        s.accepted_at = [round(r * n) for r, n in zip(d.get("accept_by_position", []), s.reached)]
-        s.width_trace = list(d.get("width_trace", []))
-        s.tpc_trace = list(d.get("tokens_per_cycle_trace", []))
-        s.sources = {name: SourceStats.from_dict(x) for name, x in (d.get("sources") or {}).items()}
-        s.decode_s = s.generated_tokens / d["decode_tps"] if d.get("decode_tps") else 0.0
-        s.prefill_tokens = s.prompt_tokens
-        s.prefill_s = s.prompt_tokens / d["prefill_tps"] if d.get("prefill_tps") else 0.0
-        return s
-
 
 # ---- rendering ---------------------------------------------------------------------------------
+
+def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: TextIO | None = None,
+          tty: bool | None = None, title: str | None = None) -> None:
+    """A rich table on a terminal; aligned plain text otherwise. Without headers the rows are (key, value) pairs:
+    keys in bold cyan on a terminal, `key: value` lines (untitled) otherwise."""
+    out = out or sys.stdout
+    tty = out.isatty() if tty is None else tty
+    cells = [[_fmt(c) for c in r] for r in rows]
+    if tty:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=title, title_justify="left", show_header=headers is not None)
+        if headers is None:
+            t.add_column(style="bold cyan")
+            t.add_column()
+        for h in headers or ():
+            t.add_column(h)
+        for r in cells:
+            t.add_row(*r)
+        Console(file=out, force_terminal=True).print(t)
+    elif headers is None:
+        for k, v in cells:
+            print(f"{k}: {v}", file=out)
+    else:
+        widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+        if title:
+            print(title, file=out)
+        for r in [[str(h) for h in headers], *cells]:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
+    return "-" if x is None else str(x)
+
 
 def sparkline(values: list[int] | list[float], width: int = 60) -> str:
     if not values:
@@ -233,44 +254,46 @@ def sparkline(values: list[int] | list[float], width: int = 60) -> str:
     return "".join(SPARK[min(int((v - lo) / span * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in values)
 
 
-def _hist(c: Counter) -> str:
-    return " ".join(f"{k}:{v}" for k, v in sorted(c.items())) or "-"
+def _hist(h: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in h.items()) or "-"
 
 
-def summary_rows(s: RunStats) -> list[tuple[str, str]]:
-    rows = [(k, str(getattr(s, k))) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted")]
-    rows += [("acceptance_rate", f"{s.acceptance_rate:.3f}"), ("tokens_per_cycle", f"{s.tokens_per_cycle:.3f}"),
-             ("accept_by_position", rates_text(s.accept_by_position) or "-"),
-             ("accept_length_hist", _hist(s.accept_lengths)), ("draft_width_hist", _hist(s.draft_widths)),
-             ("prefill_tps", f"{s.prefill_tps:.1f}"), ("decode_tps", f"{s.decode_tps:.2f}"),
-             ("ttft_s", f"{s.ttft_s:.3f}" if s.ttft_s is not None else "-"),
-             ("peak_memory", f"{s.peak_memory_bytes / 2**20:.1f} MiB")]
-    if s.controller_estimate is not None:
-        rows.append(("controller_estimate", f"{s.controller_estimate:.2f}"))
-    if s.floor_cut:
-        rows.append(("floor_cut_drafts", str(s.floor_cut)))
-    if len(s.sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
-        for name, st in plain_last(s.sources):
-            share = f"{st.seconds / s.decode_s if s.decode_s > 0 else 0.0:.0%} of decode time"
-            rows.append(("plain_steps", f"{st.cycles} cycles, {share}") if name == PLAIN else (
-                f"source {name}", f"{st.cycles} cycles, drafted {st.drafted}, accepted {st.accepted} "
-                f"({st.acceptance_rate:.2f}; by position {rates_text(st.accept_by_position)}), "
-                f"{st.tokens_per_cycle:.2f} tokens/cycle, {share}"))
+def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """The rows of a run's statistics, from its record (RunStats.to_dict, as the run log keeps it)."""
+    rows = [(k, str(d[k])) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted")]
+    rows += [("acceptance_rate", f"{d['acceptance_rate']:.3f}"), ("tokens_per_cycle", f"{d['tokens_per_cycle']:.3f}"),
+             ("accept_by_position", rates_text(d["accept_by_position"]) or "-"),
+             ("accept_length_hist", _hist(d["accept_length_hist"])), ("draft_width_hist", _hist(d["draft_width_hist"])),
+             ("prefill_tps", f"{d['prefill_tps']:.1f}"), ("decode_tps", f"{d['decode_tps']:.2f}"),
+             ("ttft_s", f"{d['ttft_s']:.3f}" if d.get("ttft_s") is not None else "-"),
+             ("peak_memory", f"{d['peak_memory_bytes'] / 2**20:.1f} MiB")]
+    if d.get("controller_estimate") is not None:
+        rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))
+    if d.get("floor_cut_drafts"):
+        rows.append(("floor_cut_drafts", str(d["floor_cut_drafts"])))
+    sources = d.get("sources") or {}
+    if len(sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
+        for name, st in plain_last(sources):
+            share = f"{st['time_share']:.0%} of decode time"
+            rows.append(("plain_steps", f"{st['cycles']} cycles, {share}") if name == PLAIN else (
+                f"source {name}", f"{st['cycles']} cycles, drafted {st['drafted']}, accepted {st['accepted']} "
+                f"({st['acceptance_rate']:.2f}; by position {rates_text(st['accept_by_position'])}), "
+                f"{st['tokens_per_cycle']:.2f} tokens/cycle, {share}"))
     return rows
 
 
-def render(s: RunStats, out: TextIO, tty: bool, title: str = "mtpcli run") -> None:
-    """A rich table on a terminal (with the traces and histogram bars), plain `key: value` lines otherwise."""
-    from .report import table
-
-    rows = summary_rows(s)
+def render(d: dict[str, Any], out: TextIO, tty: bool, title: str = "mtpcli run") -> None:
+    """A run's record as a rich table on a terminal (with the traces and histogram bars), `key: value` lines
+    otherwise."""
+    rows = summary_rows(d)
     if tty:
-        if len(set(s.width_trace)) > 1:
-            rows.append(("draft_width_trace", sparkline(s.width_trace)))
-        if s.tpc_trace:
-            rows.append(("tokens_per_cycle_trace", sparkline(s.tpc_trace)))
-        for label, counter in (("accept_length", s.accept_lengths), ("draft_width", s.draft_widths)):
-            total = sum(counter.values()) or 1
-            for k, v in sorted(counter.items()):
+        widths, tpc = d.get("width_trace") or [], d.get("tokens_per_cycle_trace") or []
+        if len(set(widths)) > 1:
+            rows.append(("draft_width_trace", sparkline(widths)))
+        if tpc:
+            rows.append(("tokens_per_cycle_trace", sparkline(tpc)))
+        for label, hist in (("accept_length", d["accept_length_hist"]), ("draft_width", d["draft_width_hist"])):
+            total = sum(hist.values()) or 1
+            for k, v in hist.items():
                 rows.append((f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}"))
     table(None, rows, out, tty, title)
