@@ -171,3 +171,19 @@ def test_cli_draft_sources(ckpt, cli, tiny_paths):
     r = cli("generate", "-m", str(tiny_paths["target"]), "--prompt", "abc", "--draft", "mtp", "--no-chat")
     err = r.stderr.decode().strip()
     assert r.returncode != 0 and r.stdout == b"" and len(err.splitlines()) == 1 and "--draft mtp" in err
+
+
+def test_a_family_without_mtp_support_still_loads_a_checkpoint_that_carries_mtp_weights(tmp_path):
+    """mlx-lm's llama sanitize keeps unknown weights and its load is strict: the MTP weights must be dropped."""
+    import mlx.core as mx
+    from tiny import make_model
+
+    from mtpcli import models
+
+    path = make_model(tmp_path / "llama_mtp")
+    weights = dict(mx.load(str(path / "model.safetensors")))
+    weights["mtp.fc.weight"] = mx.zeros((4, 4))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    loaded = models.load(str(path))
+    assert loaded.mtp is not None and loaded.mtp.layout == "qwen"
+    assert not models.has_mtp(loaded)  # found, but llama is not a family mtpcli drafts MTP heads for

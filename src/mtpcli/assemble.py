@@ -59,8 +59,7 @@ def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded |
 
 def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None) -> Engine:
     """The engine of a settled configuration (config.settle)."""
-    if cfg.history and store is None:
-        store = open_history(cfg, target)
+    store = open_history(cfg, target) if store is None else store
     if cfg.draft == "auto":
         drafter = AutoDrafter({k: source(k, cfg, target, draft, store) for k in cfg.sources})
         policy = auto_policy(cfg, target, draft, drafter)
@@ -80,11 +79,8 @@ def _params(model) -> int:
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
-    ratio = {}
-    if "model" in names:
-        ratio["model"] = _params(draft.model) / _params(target.model)
-    if "mtp" in names:
-        ratio["mtp"] = _params(models.mtp_head(target)) / _params(target.model)
+    sized = {"model": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
+    ratio = {n: _params(sized[n]()) / _params(target.model) for n in names if n in sized}
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,8 +16,7 @@ from . import assemble, config, models, prompts, runlog
 from .engine import Request
 from .errors import UsageError
 from .generate import encode_prompt
-from .stats import table
-from .stats import RunStats
+from .stats import RunStats, table
 
 
 @dataclass
@@ -154,7 +152,7 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
                        "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "flags": overrides}}
 
 
-def render(result: dict[str, Any], out=None) -> None:
+def render(result: dict[str, Any]) -> None:
     def f(m, fmt="{:.2f}"):  # noqa: E306
         return f"{fmt.format(m['median'])} [{fmt.format(m['min'])}-{fmt.format(m['max'])}]" if m else "-"
 
@@ -162,4 +160,4 @@ def render(result: dict[str, Any], out=None) -> None:
              f(s["acceptance_rate"], "{:.3f}"), f(s["prefill_tps"], "{:.0f}"), f(s["ttft_s"], "{:.3f}"),
              f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"] for s in result["arms"]]
     table(["arm", "decode tok/s median [min-max]", "ratio", "tokens/cycle", "acceptance", "prefill tok/s", "TTFT s",
-           "peak mem"], rows, out=out or sys.stdout)
+           "peak mem"], rows)

@@ -21,15 +21,6 @@ STEP = 256
 BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
 
 
-def use_bucketed(bucketed: bool | None = None) -> bool:
-    """Attend over a multiple of STEP slots so attention shapes change once per STEP tokens: MLX's CUDA backend
-    specialises kernels on shapes and re-plans every cycle otherwise (docs/perf/gpu.md)."""
-    bucketed = BUCKETED_DEFAULT if bucketed is None else bucketed
-    if bucketed is None:
-        bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
-    return bucketed
-
-
 class Layout:
     """Shared by every attention layer: slot validity per row, valid-token counts, the write slot."""
 
@@ -45,12 +36,10 @@ class Layout:
         self._masks: dict = {}
 
     def begin(self, n: int, block_valid: np.ndarray | None) -> None:
-        B = len(self.pos)
-        if block_valid is None or block_valid.all():
+        if block_valid is not None and block_valid.all():
             block_valid = None
         self._block_dense = self.dense and block_valid is None
-        self._block = np.ones((B, n), bool) if block_valid is None else block_valid
-        self._n = n
+        self._block = np.ones((len(self.pos), n), bool) if block_valid is None else block_valid
         self.capacity = max(self.capacity, -(-(self.write + n) // STEP) * STEP) if self.bucketed else self.write + n
         # attended slots: the bucketed span, except for one dense token (a plain step), which attends over exactly
         # what is written and needs no mask, as in mlx-lm's own loop
@@ -69,7 +58,7 @@ class Layout:
         return self._masks[key]
 
     def _make_mask(self, window: int | None, return_array: bool):
-        W, n, span = self.write, self._n, self.span
+        W, n, span = self.write, self._block.shape[1], self.span
         if self._block_dense:
             if span == W + n and (window is None or W + n <= window) and not return_array:
                 return None if n == 1 else "causal"
@@ -127,7 +116,6 @@ class RowKV:
         return self.layout.offset
 
     def apply(self, fn) -> None:
-        """keys, values = fn(keys), fn(values), once there are any."""
         if self.keys is not None:
             self.keys, self.values = fn(self.keys), fn(self.values)
 
@@ -192,7 +180,12 @@ class LM:
         native = make_prompt_cache(model)
         self.kinds = [layer_kind(c) for c in native]
         self.windows = [c.max_size if k == "window" else None for k, c in zip(self.kinds, native)]
-        self.bucketed = use_bucketed(bucketed) and "native" not in self.kinds
+        # bucketed: attend over a multiple of STEP slots so attention shapes change once per STEP tokens: MLX's CUDA
+        # backend specialises kernels on shapes and re-plans every cycle otherwise (docs/perf/gpu.md)
+        bucketed = BUCKETED_DEFAULT if bucketed is None else bucketed
+        if bucketed is None:
+            bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
+        self.bucketed = bucketed and "native" not in self.kinds
         self.parts = split_model(model)
         if hidden and self.parts is None:
             raise ModelError(f"the {role}'s hidden states are not reachable (model type {type(model).__module__})")
@@ -216,12 +209,8 @@ class LM:
     def rows(self) -> int:
         return len(self.layout.pos)
 
-    @property
-    def can_rollback(self) -> bool:
-        return "native" not in self.kinds
-
     def require_rollback(self) -> None:
-        if not self.can_rollback:
+        if "native" in self.kinds:
             kinds = sorted({type(c).__name__ for k, c in zip(self.kinds, self.caches) if k == "native"})
             raise ModelError(f"the {self.role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected "
                              "draft; speculative decoding of this model is not supported (use --draft none)")

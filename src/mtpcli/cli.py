@@ -5,16 +5,18 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import sys
 from typing import List, Optional
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import rich.console  # noqa: E402
 import typer  # noqa: E402
 
 from . import config, report  # noqa: E402
-from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, MtpError, UsageError  # noqa: E402
+from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -162,20 +164,15 @@ def profile_list():
 @profile_app.command("show")
 def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (default: the chosen one)."),
                  origin: bool = typer.Option(False, "--origin", help="Say where each value came from.")):
-    """The resolved settings of a profile (flag > env > profile > default)."""
+    """The resolved settings of a profile (flag > env > profile > default), as TOML."""
+    import tomli_w
+
     cfg = config.resolve(name or _global["profile"], {})
     print(f"# profile: {cfg.profile}")
     for key in SCHEMA:
-        line = f"{key} = {_toml(getattr(cfg, key))}"
+        v = getattr(cfg, key)
+        line = f"# {key}: unset" if v is None else tomli_w.dumps({key: v}).strip()
         print(f"{line:<40} # {cfg.origins[key]}" if origin else line)
-
-
-def _toml(v) -> str:
-    if v is None:
-        return '"" (unset)'
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return str(v).lower() if isinstance(v, bool) else repr(v)
 
 
 @profile_app.command("use")
@@ -224,21 +221,23 @@ def bench_cmd(
 ):
     """Compare arms (profiles and baselines) on the same prompts and seeds; prints ratios to the first arm."""
     from . import bench as b
+    from .writers import check_writable, write_file
 
     for x in baseline or []:
         if x not in ("ar", "mlx-lm", "mlx-lm-plain"):
             raise UsageError(f"--baseline {x!r}: choose ar, mlx-lm or mlx-lm-plain")
+    if out:
+        check_writable("--out", out)
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
                      argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
     if as_json:
         print(json.dumps(result))
     else:
         b.render(result)
+    if out:
+        write_file("--out", out, json.dumps(result, indent=1))
 
 
 # ---- history -----------------------------------------------------------------------------------
@@ -269,12 +268,11 @@ def models_list():
     """Known aliases (fetched from the package index on first use) and what is cached."""
     from . import fetch
     from .gguf_convert import cache_dir
+    from .stats import table
 
     rows = [[a.name, "yes" if fetch.is_cached(a.name) else "no", a.description] for a in fetch.ALIASES.values()]
     rows += [[p.name, "yes", "converted GGUF file"] for p in sorted(cache_dir().glob("gguf-*"))
              if (p / "config.json").is_file()]  # (none where the cache is not there yet)
-    from .stats import table
-
     table(["name", "cached", "what"], rows)
     print(f"cache: {cache_dir()}", file=sys.stderr)
 
@@ -334,32 +332,53 @@ def _fast_blas() -> None:
     os.execve(sys.executable, [sys.executable, "-m", "mtpcli", *sys.argv[1:]], env)
 
 
+def _pipe_closed(console) -> None:
+    """rich's hook for a closed stdout (typer's help, the tables), which would exit 1: end as every command does."""
+    console.quiet = True
+    raise BrokenPipeError
+
+
+def _sigterm(_signum, _frame) -> None:
+    """SIGTERM ends a run as Ctrl-C does (what was committed, the statistics so far, the run log row), exit 143."""
+    raise KeyboardInterrupt(EXIT_TERMINATED)
+
+
+def _interrupted(e: BaseException | None) -> int:
+    return EXIT_TERMINATED if e is not None and e.args == (EXIT_TERMINATED,) else EXIT_INTERRUPTED
+
+
 def main() -> None:
+    rich.console.Console.on_broken_pipe = _pipe_closed
     _fast_blas()
+    signal.signal(signal.SIGTERM, _sigterm)
     try:
-        code = app(standalone_mode=False)
+        try:
+            code = app(standalone_mode=False)
+            sys.stdout.flush()  # a reader that left shows here, not at the interpreter's exit
+        except SystemExit:  # click ends a command whose stdout closed with exit 1, its streams made quiet
+            if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+                raise BrokenPipeError from None
+            raise
         sys.exit(code if isinstance(code, int) else 0)
     except MtpError as e:
         print(f"mtpcli: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("mtpcli: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
-    except BrokenPipeError:
+        sys.exit(_interrupted(e))
+    except BrokenPipeError:  # every command alike: silent, 141 (as a shell reports a process SIGPIPE ended)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())  # nothing left to flush at exit
         sys.exit(EXIT_PIPE)
     except Exception as e:  # click's usage errors (typer vendors click), then real bugs
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             if e.format_message():  # (no-args help has no message)
                 print(f"mtpcli: error: {e.format_message()}", file=sys.stderr)
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":
-            sys.exit(EXIT_INTERRUPTED)
+        if type(e).__name__ == "Abort":  # click's Ctrl-C (or our SIGTERM)
+            sys.exit(_interrupted(e.__cause__))
         if os.environ.get("MTPCLI_DEBUG"):
             raise
         print(f"mtpcli: internal error: {type(e).__name__}: {e} (MTPCLI_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(EXIT_RUNTIME)
-
-
-__all__ = ["app", "main", "UsageError"]

@@ -22,6 +22,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+import tomli_w
+
 from .errors import UsageError
 
 SHIPPED_DIR = Path(__file__).parent / "profiles"
@@ -30,6 +32,7 @@ META_KEYS = {"description", "extends"}
 SOURCES = ("auto", "model", "ngram", "mtp", "history", "none")
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
 AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
+SEEDS = 1 << 64  # mx.random.key takes 0..2^64-1
 
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
@@ -67,7 +70,7 @@ class Config:
     top_k: int = key(0, "Keep only the k most likely tokens; 0 is off.", _rng(0), ">= 0")
     min_p: float = key(0.0, "Drop tokens below min_p times the top token's probability; 0 is off.",
                        _rng(0.0, 1.0, hi_open=True), "[0, 1)")
-    seed: int = key(0, "Random seed: same seed, same output.", _rng(0), ">= 0")
+    seed: int = key(0, "Random seed: same seed, same output.", _rng(0, SEEDS - 1), "0..2^64-1")
     typical_threshold: float = key(0.0, "Typical acceptance delta (Medusa-2). NOT distribution-exact; 0 = the exact "
                                    "law.", _rng(0.0), ">= 0")
     typical_eps: float = key(1.0, "Typical acceptance cap eps: floor = min(eps, delta * exp(-H)).",
@@ -156,6 +159,7 @@ class Profile:
     path: Path | None
     values: dict[str, Any]
     description: str = ""
+    origins: dict[str, Path] = field(default_factory=dict)  # key -> the file that set it (through `extends`)
 
 
 # ---- locations ---------------------------------------------------------------------------------
@@ -181,12 +185,15 @@ def available() -> dict[str, Path]:
 
 
 def default_name() -> str:
+    """config.toml's default_profile (its only key), else the shipped default."""
     cfg = config_file()
-    if cfg.is_file():
-        name = _read_toml(cfg).get("default_profile")
-        if isinstance(name, str) and name:
-            return name
-    return DEFAULT_PROFILE
+    data = _read_toml(cfg) if cfg.is_file() else {}
+    for k, v in data.items():
+        if k != "default_profile":
+            raise UsageError(f"{_key_line(cfg, k)}: unknown key '{k}' (the only key is default_profile)")
+        if not isinstance(v, str) or not v:
+            raise UsageError(f"{_key_line(cfg, k)}: default_profile = {v!r} must be a profile name")
+    return data.get("default_profile", DEFAULT_PROFILE)
 
 
 def set_default(name: str) -> Path:
@@ -194,7 +201,7 @@ def set_default(name: str) -> Path:
     cfg = config_file()
     cfg.parent.mkdir(parents=True, exist_ok=True)
     tmp = cfg.with_suffix(".tmp")
-    tmp.write_text(f'default_profile = "{name}"\n')
+    tmp.write_text(tomli_w.dumps({"default_profile": name}))
     tmp.replace(cfg)
     return cfg
 
@@ -256,13 +263,13 @@ def parse_env(name: str, raw: str) -> Any:
     return check_value(name, value, where)
 
 
-def load(name_or_path: str, _seen: tuple[str, ...] = ()) -> Profile:
-    """Load a profile by name (user dir, then shipped) or by path, following `extends`."""
+def load(name_or_path: str, _seen: tuple[str, ...] = (), where: str = "") -> Profile:
+    """Load a profile by name (user dir, then shipped) or by path, following `extends`; `where` asked for it."""
     path = Path(name_or_path)
     if not (name_or_path.endswith(".toml") and path.is_file()):
         known = available()
         if name_or_path not in known:
-            raise UsageError(f"unknown profile '{name_or_path}'; known profiles: {', '.join(sorted(known))}")
+            raise UsageError(f"{where}unknown profile '{name_or_path}'; known profiles: {', '.join(sorted(known))}")
         path = known[name_or_path]
     if str(path.resolve()) in _seen:
         chain = " -> ".join(Path(p).stem for p in _seen + (str(path.resolve()),))
@@ -271,34 +278,37 @@ def load(name_or_path: str, _seen: tuple[str, ...] = ()) -> Profile:
     description = data.pop("description", "")
     parent = data.pop("extends", None)
     values = {k: check_value(k, v, _key_line(path, k)) for k, v in data.items()}
+    origins = dict.fromkeys(values, path)
     if parent is not None:
         if not isinstance(parent, str):
             raise UsageError(f"{path}: extends = {parent!r} must be a profile name")
-        base = load(parent, _seen + (str(path.resolve()),))
-        values = {**base.values, **values}
+        base = load(parent, _seen + (str(path.resolve()),), f"{_key_line(path, 'extends')}: extends: ")
+        values, origins = {**base.values, **values}, {**base.origins, **origins}
         description = description or base.description
     n_max = values.get("n_max") or values.get("num_draft_tokens")
     if values.get("n_min") is not None and n_max is not None and values["n_min"] > n_max:
         raise UsageError(f"{path}: n_min ({values['n_min']}) must not exceed n_max ({n_max})")
-    return Profile(path.stem, path, values, description)
+    return Profile(path.stem, path, values, description, origins)
 
 
 def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
     """The configuration with precedence: flag > environment (MTPCLI_*) > profile > built-in default."""
     env = os.environ if env is None else env
-    prof = load(profile or env.get("MTPCLI_PROFILE") or default_name())
-    values: dict[str, Any] = {}
+    if asked := profile or env.get("MTPCLI_PROFILE"):
+        prof = load(asked)
+    else:
+        prof = load(default_name(), where=f"{_key_line(config_file(), 'default_profile')}: default_profile: ")
+    v: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for name, spec in SCHEMA.items():
         if flags.get(name) is not None:
-            values[name], origins[name] = check_value(name, flags[name], spec.option), "flag"
+            v[name], origins[name] = check_value(name, flags[name], spec.option), "flag"
         elif spec.env in env and env[spec.env] != "":
-            values[name], origins[name] = parse_env(name, env[spec.env]), f"env {spec.env}"
+            v[name], origins[name] = parse_env(name, env[spec.env]), f"env {spec.env}"
         elif name in prof.values:
-            values[name], origins[name] = prof.values[name], str(prof.path)
+            v[name], origins[name] = prof.values[name], str(prof.origins[name])
         else:
-            values[name], origins[name] = spec.default, "default"
-    v = values
+            v[name], origins[name] = spec.default, "default"
     if v["ngram_min"] > v["ngram_max"]:
         raise UsageError(f"ngram_min ({v['ngram_min']}) must not exceed ngram_max ({v['ngram_max']})")
     if v["draft"] == "model" and not v["draft_model"]:

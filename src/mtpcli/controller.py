@@ -27,16 +27,15 @@ class Plan(tuple):
     width = property(lambda self: self[1])
 
 
-def _round(x: float) -> int:
-    return math.floor(x + 0.5)  # half up, not Python's banker's rounding
-
-
 class WidthPolicy:
     """One source, a width per cycle; per-member state in the lists named in `members` (`fresh` gives one)."""
 
     observes = False  # wants observe(confidences): the target's largest probability at each committed token
     members: tuple[str, ...] = ("history",)
     batch: int = 1
+
+    def __post_init__(self):  # (the dataclass policies)
+        self.reset()
 
     def plan(self, contexts=None) -> Plan:
         return Plan(None, self.width())
@@ -91,9 +90,6 @@ class FixedWidth(WidthPolicy):
     n: int
     batch: int = 1
 
-    def __post_init__(self):
-        self.reset()
-
     def width(self) -> int:
         return self.n
 
@@ -130,7 +126,7 @@ class EmaController(WidthPolicy):
         return min(self.init, self.n_max) if name == "estimates" else []
 
     def member_width(self, member: int) -> int:
-        return min(max(_round(self.estimates[member]), self.n_min), self.n_max)
+        return min(max(math.floor(self.estimates[member] + 0.5), self.n_min), self.n_max)  # half up, not banker's
 
     def width(self) -> int:
         return max(self.member_width(m) for m in range(self.batch))
@@ -164,11 +160,6 @@ class CostAwareController(WidthPolicy):
     batch: int = 1
     members = ("counts", "history")
 
-    def __post_init__(self):
-        if self.n_min < 1 or self.n_max < self.n_min:
-            raise ValueError(f"need 1 <= n_min ({self.n_min}) <= n_max ({self.n_max})")
-        self.reset()
-
     def fresh(self, name: str):
         return ([0.0] * self.n_max, [0.0] * self.n_max) if name == "counts" else []  # (accepted, reached)
 
@@ -201,9 +192,8 @@ class CostAwareController(WidthPolicy):
         return max(my + slope * (k - mx_), 1e-9)
 
     def width(self) -> int:
-        def score(k):
-            return sum(self.expected_tokens(k, m) for m in range(self.batch)) / self.cycle_time(k)
-        return max(range(self.n_min, self.n_max + 1), key=score)
+        return max(range(self.n_min, self.n_max + 1),
+                   key=lambda k: sum(self.expected_tokens(k, m) for m in range(self.batch)) / self.cycle_time(k))
 
     def learn(self, drafted, accepted, seconds) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -99,12 +98,6 @@ class Clock:
     def __init__(self):
         self.last = time.perf_counter()  # the last read (or refill)
 
-    @contextmanager
-    def launching(self, f: Flight):
-        t = time.perf_counter()
-        yield
-        f.launch_s = time.perf_counter() - t
-
     def charge(self, f: Flight) -> float:
         now = time.perf_counter()
         seconds = now - max(f.t0, self.last) - f.lent + min(f.launch_s, max(self.last - f.t0, 0.0))
@@ -115,9 +108,6 @@ class Clock:
         """A step launched ahead for rows that finished meanwhile: its launch is the run's."""
         for r in f.rows:
             r.run.decode_s += min(f.launch_s, max(self.last - f.t0, 0.0))
-
-    def restart(self) -> None:
-        self.last = time.perf_counter()
 
 
 class Alone:
@@ -153,12 +143,11 @@ class KeyChains:
         key, done = self.chains.get(req.seed, (mx.random.key(req.seed), 0))
         if done > req.completion:
             key, done = mx.random.key(req.seed), 0
-        while True:
+        while done <= req.completion:
             key, sub = mx.random.split(key)
             done += 1
-            if done > req.completion:
-                self.chains[req.seed] = (key, done)
-                return sub
+        self.chains[req.seed] = (key, done)
+        return sub
 
 
 def confidence(logits: mx.array) -> mx.array:
@@ -187,7 +176,6 @@ class Engine:
 
     @property
     def stats(self) -> RunStats:
-        """The aggregate over every request so far."""
         return RunStats.total(list(self.runs.values()))
 
     def generate(self, requests: list[Request]) -> Iterator[Event]:
@@ -211,16 +199,15 @@ class Engine:
                     if nxt is not None and flight.redone:  # nxt started from a token the redo replaced
                         nxt = self._relaunch(nxt)
                     self._refill(queue)
-                    self.clock.restart()  # a refill's prefill is its own row's, not decode time
+                    self.clock.last = time.perf_counter()  # a refill's prefill is its own row's, not decode time
                 flight = nxt or (self._launch(self._plan(), fresh=True) if self.rows else None)
             self.peer.end()
         finally:
             self.wall_s = time.perf_counter() - t_start
 
     def cycle(self, plan: Plan, after: Flight | None = None) -> Iterator:
-        """ONE cycle of the batch: propose, one target pass, the law, one host sync, commit, roll back. It yields its
-        Flight once the pass is launched (a plain step may be launched after it before it is read: `after`, whose
-        tokens are still on the device), then the events of what it committed."""
+        """ONE cycle of the batch: it yields its Flight once the pass is launched (a plain step may be launched after
+        it before it is read: `after`, whose tokens are still on the device), then the events of what it committed."""
         rows, cfg = list(self.rows), self.cfg
         f = Flight(rows, plan, [r.key for r in rows], time.perf_counter())
         keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
@@ -239,9 +226,10 @@ class Engine:
         law_keys = [k[1] for k in keys]
         judged = self.peer.judged(cfg.judge(logits, draft.tokens, draft.q, law_keys, draft.lengths, full), logits)
         conf = confidence(logits) if self.drafter.speculates and self.policy.observes else None
-        with self.clock.launching(f):
-            mx.async_eval(judged.verdict.n_accepted, judged.verdict.token, draft.tokens, *judged.sums,
-                          *[x for x in (judged.complete, conf) if x is not None])
+        launched = time.perf_counter()
+        mx.async_eval(judged.verdict.n_accepted, judged.verdict.token, draft.tokens, *judged.sums,
+                      *[x for x in (judged.complete, conf) if x is not None])
+        f.launch_s = time.perf_counter() - launched
         f.token = judged.verdict.token
         yield f
         if all(r.done for r in rows):  # launched ahead for rows that finished meanwhile: not read
@@ -370,9 +358,4 @@ class Engine:
             run.peak_memory_bytes = mx.get_peak_memory()
             # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
             run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
-        if stop is not None:
-            yield Event(r.req.index, new[:stop], "stop")
-        elif r.done:
-            yield Event(r.req.index, new, "length")
-        else:
-            yield Event(r.req.index, new)
+        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None)

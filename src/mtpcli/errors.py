@@ -6,6 +6,7 @@ EXIT_RUNTIME = 1  # an unexpected failure while decoding
 EXIT_USAGE = 2  # bad input: a flag, a profile, a prompt
 EXIT_MODEL = 3  # a model could not be found, fetched, converted or paired with its draft
 EXIT_INTERRUPTED = 130  # Ctrl-C: what was committed is printed, then the statistics so far
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): ends a run like Ctrl-C
 EXIT_PIPE = 141  # stdout was closed by the reader (e.g. `| head -c 10`)
 
 

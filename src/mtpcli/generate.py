@@ -11,19 +11,18 @@ import os
 import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import mlx.core as mx
 
 from . import assemble, config, distributed, models, runlog
 from .distributed import sharded
 from .engine import Request
-from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
 from .gguf_convert import cache_dir
 from .prompts import Item
 from .stats import RunStats, render
-from .writers import Completion, Writer
+from .writers import Completion, Writer, check_writable, write_file
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
 
@@ -58,23 +57,29 @@ def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -
 
 
 def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer, limit: int | None):
-    """Encode every usable prompt; (completions, requests). -n N makes N requests of one prompt and seed."""
-    completions, requests = [], []
+    """Encode every usable prompt; (completions, requests, notes). -n N makes N requests of one prompt and seed;
+    max_tokens is capped where the prompt and its answer would not fit in the context (a note per row)."""
+    completions, requests, capped = [], [], []
     for it in items:
+        where = "" if opts.single else f"{it.source}: "  # several prompts: a line names its own
         if it.error is None and not (it.text or "").strip():
-            it.error = f"empty prompt ({it.source})" if opts.single else f"{it.source}: empty prompt"
+            it.error = f"empty prompt ({it.source})" if opts.single else f"{where}empty prompt"
         ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system) if it.error is None else None
         if ids is not None and limit and len(ids) >= limit:
-            it.error = (("" if opts.single else f"{it.source}: ") +
-                        f"prompt is {len(ids)} tokens, longer than the model's context of {limit} tokens")
+            it.error = f"{where}prompt is {len(ids)} tokens, longer than the model's context of {limit} tokens"
         if it.error and opts.single:
             raise UsageError(it.error)
-        seed = it.seed if it.seed is not None else cfg.seed + (0 if opts.single else it.index)
+        seed = it.seed if it.seed is not None else (cfg.seed + (0 if opts.single else it.index)) % config.SEEDS
+        asked = it.max_tokens or cfg.max_tokens
+        room = asked if ids is None or not limit else min(asked, limit - len(ids))
+        if room < asked:
+            capped.append(f"mtpcli: note: {where}max_tokens {asked} capped at {room}: the prompt's {len(ids)} tokens "
+                          f"and the answer fill the model's context of {limit} tokens")
         for c in range(opts.n):
             completions.append(Completion(len(completions), it))
             if ids is not None:
-                requests.append(Request(completions[-1].index, ids, it.max_tokens or cfg.max_tokens, seed, c))
-    return completions, requests
+                requests.append(Request(completions[-1].index, ids, room, seed, c))
+    return completions, requests, capped
 
 
 def batch_size(model_config: dict, requests: list[Request], asked: int | None) -> int:
@@ -96,19 +101,6 @@ def batch_size(model_config: dict, requests: list[Request], asked: int | None) -
     return max(1, min(n, memory // 4 // max(per_row, 1)))
 
 
-def load(cfg: config.Config, group) -> tuple[models.Loaded, models.Loaded | None]:
-    """The target (sharded over the ranks, or whole) and the draft model if any (a sharded target's: on rank 0)."""
-    if group.sharded:
-        target = sharded.load_target(cfg.model, group.mode, group.group)
-    else:
-        target = models.load(cfg.model, "target model")
-    draft = None
-    if cfg.draft_model and cfg.draft in ("auto", "model") and (group.root or not group.sharded):
-        draft = models.load(cfg.draft_model, "draft model")
-        models.check_pair(target, draft)
-    return target, draft
-
-
 def decode(group, engine, requests: list[Request], writer: Writer, store) -> int:
     """The event loop: every event to the writer, every finished completion to the history store."""
     prompts = {r.index: r.prompt for r in requests}
@@ -119,17 +111,24 @@ def decode(group, engine, requests: list[Request], writer: Writer, store) -> int
                 store.add(prompts[ev.request], writer.rows[ev.request].tokens)
             if writer.closed:
                 break
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli.main raises it with EXIT_TERMINATED)
+        return EXIT_TERMINATED if e.args == (EXIT_TERMINATED,) else EXIT_INTERRUPTED
     return 0
 
 
-def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None = None) -> int:
+def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     group = distributed.setup(cfg, several=len(items) * opts.n > 1)  # under mlx.launch: the group, else Solo
     if not group.root:  # only rank 0 writes the statistics file and the run log
         opts = replace(opts, stats_json=None, log=False)
-    target, draft = load(cfg, group)
-    completions, requests = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
+    if opts.stats_json:  # before the work
+        check_writable("--stats-json", opts.stats_json)
+    target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
+        models.load(cfg.model, "target model")
+    draft = None  # a sharded target's draft model: on rank 0
+    if cfg.draft_model and cfg.draft in ("auto", "model") and (group.root or not group.sharded):
+        draft = models.load(cfg.draft_model, "draft model")
+        models.check_pair(target, draft)
+    completions, requests, capped = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
@@ -139,12 +138,10 @@ def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
-    if group.sharded:
-        engine = sharded.engine(group, cfg, target, draft, size, store)
-    else:
-        engine = assemble.engine(cfg, target, draft, size, store)
-    notes(cfg, engine, requests, opts, size)
-    writer = Writer(cfg.format, out or sys.stdout, target.tokenizer, completions, opts.separator, not opts.single,
+    engine = sharded.engine(group, cfg, target, draft, size, store) if group.sharded else \
+        assemble.engine(cfg, target, draft, size, store)
+    notes(cfg, engine, requests, opts, size, capped)
+    writer = Writer(cfg.format, sys.stdout, target.tokenizer, completions, opts.separator, not opts.single,
                     engine.runs)
     started, t0 = time.time(), time.perf_counter()
     status = decode(group, engine, requests, writer, store)
@@ -163,10 +160,12 @@ def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None
         doc.update({k: record[k] for k in ("settings", "auto", "distributed") if k in record})
         writer.write(json.dumps(doc) + "\n")
     status = EXIT_PIPE if writer.closed else status
-    report(cfg, total, record, opts, len(items))
+    if report(cfg, total, record, opts, len(items)) and status == 0:  # --stats-json was not written
+        status = EXIT_RUNTIME
     failed = sum(1 for c in completions if c.item.error)
-    if status == EXIT_INTERRUPTED:
-        err(f"mtpcli: interrupted after {total.generated_tokens} tokens")
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        how = "terminated" if status == EXIT_TERMINATED else "interrupted"
+        err(f"mtpcli: {how} after {total.generated_tokens} tokens")
     if writer.closed:
         err(f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
     if failed and status == 0:
@@ -179,9 +178,11 @@ def run(cfg: config.Config, items: list[Item], opts: Options, out: TextIO | None
     return status
 
 
-def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, size: int) -> None:
+def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, size: int, capped: list[str]) -> None:
     """What a user should know before the output: MLX's slow reference BLAS (once per cache folder, never with
-    --quiet), the typical law's warning, rows decoded one after another."""
+    --quiet), answers capped at the context, the typical law's warning, rows decoded one after another."""
+    for line in capped:
+        err(line)
     marker = cache_dir() / "blas-hint-shown"
     if os.environ.get("MTPCLI_BLAS_HINT") and not opts.quiet and not marker.exists():
         err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
@@ -210,14 +211,9 @@ def summarize(cfg, group, engine, items, completions, opts: Options, wall: float
     return total, record
 
 
-def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, prompts: int) -> None:
-    """The end of a run on stderr (and --stats-json): the statistics, the batch's and the group's lines, then the
-    typical-acceptance summary."""
-    if opts.stats_json:
-        try:
-            Path(opts.stats_json).write_text(json.dumps(record, indent=1) + "\n")
-        except OSError as e:
-            err(f"mtpcli: warning: --stats-json {opts.stats_json}: {e.strerror or e}")
+def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, prompts: int) -> int:
+    """The end of a run on stderr: the statistics, the batch's and the group's lines, the typical-acceptance
+    summary; then --stats-json (written whole or not at all: its failure is one line and a non-zero return)."""
     if not opts.quiet:
         title = f"mtpcli · {cfg.profile} · {cfg.law}" + ("" if opts.single else f" · {prompts} prompts")
         render(record, sys.stderr, sys.stderr.isatty(), title=title)
@@ -231,3 +227,10 @@ def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, pro
         err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
             f"accept_rate={t['accept_rate']:.3f} mean_entropy={t['mean_entropy']:.3f} "
             f"tokens_per_cycle={total.tokens_per_cycle:.3f}")
+    try:
+        if opts.stats_json:
+            write_file("--stats-json", opts.stats_json, json.dumps(record, indent=1) + "\n")
+    except MtpError as e:
+        err(f"mtpcli: error: {e}")
+        return e.exit_code
+    return 0

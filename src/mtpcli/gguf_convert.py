@@ -19,7 +19,6 @@ import numpy as np
 from .errors import ModelError, UsageError
 
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}  # GGUF architecture -> model_type
-SUPPORTED = tuple(MODEL_TYPES)
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 LAYER_NAMES = {
@@ -59,8 +58,8 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def read_config(reader) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED:
-        raise ModelError(f"GGUF architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED)})")
+    if arch not in MODEL_TYPES:
+        raise ModelError(f"GGUF architecture '{arch}' is not supported (supported: {', '.join(MODEL_TYPES)})")
     g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     hidden, n_head = int(g("embedding_length")), int(g("attention.head_count"))
@@ -77,14 +76,12 @@ def read_config(reader) -> dict[str, Any]:
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
     }
-    key_len = g("attention.key_length")
-    if key_len:
+    if key_len := g("attention.key_length"):
         config["head_dim"] = int(key_len)
     if arch == "gemma3":  # what the GGUF does not carry (../shared/models.md)
         config.update(sliding_window=int(g("attention.sliding_window", 512)), sliding_window_pattern=6,
                       rope_local_base_freq=10000.0, query_pre_attn_scalar=256)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    if eos is not None:
+    if (eos := _field(reader, "tokenizer.ggml.eos_token_id")) is not None:
         config["eos_token_id"] = int(eos)
     return config
 
@@ -125,8 +122,7 @@ def build_tokenizer(reader):
         idx = meta.get(f"tokenizer.ggml.{key}")
         if idx is not None and 0 <= int(idx) < len(tokens):
             cfg[name] = tokens[int(idx)]
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    if add_bos is not None:
+    if (add_bos := meta.get("tokenizer.ggml.add_bos_token")) is not None:
         cfg["add_bos_token"] = bool(add_bos)
     if meta.get("tokenizer.chat_template"):
         cfg["chat_template"] = meta["tokenizer.chat_template"]

@@ -4,8 +4,8 @@ One SQLite file beside the run log (history.sqlite, WAL). A document is one comp
 too only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so one tokenizer's ids never draft for
 another's. A run reads its tokenizer's documents once, appends its own in one transaction at the end (concurrent
 runs lose nothing), then drops the oldest documents of every tokenizer until the store is under its cap. An
-unreadable store is left untouched (one warning, the run goes on without it); an unwritable one loses only this
-run's documents, with a warning.
+unreadable store, or another program's SQLite file, is left untouched (one warning, the run goes on without it); an
+unwritable one (a full disk) loses only this run's documents, with a warning.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UsageError
-from .runlog import data_dir, open_db, warn, writing
+from .runlog import data_dir, open_db, problem, warn, writing
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, tokenizer TEXT NOT NULL,
@@ -81,7 +81,7 @@ class Store:
             self.docs = [Doc(unpack(o), unpack(p)) for p, o in rows]
         except (sqlite3.Error, ValueError) as e:
             self.broken = True
-            warn(f"history store {self.path} is unreadable ({e}); left untouched, this run goes on without it")
+            warn(f"{problem('history store', self.path, e)}; this run goes on without it")
         return self
 
     def add(self, prompt: list[int], output: list[int]) -> None:
@@ -107,28 +107,29 @@ class Store:
                 con.execute("DELETE FROM docs WHERE id IN (SELECT id FROM (SELECT id, sum(bytes) OVER (ORDER BY id"
                             " DESC) AS kept FROM docs) WHERE kept > ?)", (self.cap_bytes,))
         except (sqlite3.Error, OSError) as e:
-            warn(f"history not saved ({self.path}): {e}")
+            warn(f"history not saved: {problem('history store', self.path, e)}")
             return 0
         return len(rows)
 
 
 # ---- `mtpcli history` -------------------------------------------------------------------------------------------
 
-def open_existing(path: Path | None = None) -> sqlite3.Connection | None:
-    """The store for the `history` commands: None when there is none; UsageError when it is unreadable."""
-    path = path or store_path()
+def open_existing(write: bool = False) -> sqlite3.Connection | None:
+    """The store for the `history` commands (read-only unless `write`): None when there is none; UsageError when it
+    is unreadable or another program's."""
+    path = store_path()
     if not path.is_file():
         return None
     try:
-        return _connect(path, create=False)
-    except sqlite3.Error as e:
-        raise UsageError(f"history store {path} is unreadable ({e}); left untouched") from None
+        return _connect(path, create=write)
+    except (sqlite3.Error, OSError) as e:
+        raise UsageError(problem("history store", path, e)) from None
 
 
-def summary(path: Path | None = None) -> dict:
+def summary() -> dict:
     """Per tokenizer: documents, tokens, bytes, oldest and newest; and the file's size on disk."""
-    path = path or store_path()
-    con = open_existing(path)
+    path = store_path()
+    con = open_existing()
     out = {"path": str(path), "file_bytes": 0, "tokenizers": []}
     if con is None:
         return out
@@ -142,8 +143,8 @@ def summary(path: Path | None = None) -> dict:
     return out
 
 
-def clear(path: Path | None = None) -> int:
-    con = open_existing(path)
+def clear() -> int:
+    con = open_existing(write=True)  # (another program's file: UsageError, before anything is written)
     if con is None:
         return 0
     try:
@@ -151,14 +152,15 @@ def clear(path: Path | None = None) -> int:
         con.execute("VACUUM")
         return n
     except sqlite3.Error as e:
-        raise UsageError(f"history store {path or store_path()}: {e} (another run may be writing it); try again") from None
+        again = " (another run may be writing it); try again" if "locked" in str(e) else ""
+        raise UsageError(problem("history store", store_path(), e) + again) from None
     finally:
         con.close()
 
 
-def export(path: Path | None = None):
+def export():
     """Every document, oldest first, as dicts (token ids; the prompt's only where it was kept)."""
-    con = open_existing(path)
+    con = open_existing()
     if con is None:
         return
     with contextlib.closing(con):

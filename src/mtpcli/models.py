@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 from huggingface_hub import snapshot_download
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load as mlx_load, load_model, load_tokenizer
+from mlx_lm.utils import MODEL_REMAPPING, load as mlx_load, load_model, load_tokenizer
 
 from . import fetch, gguf_convert, mtp
 from .cache import layer_kind
@@ -54,12 +54,14 @@ def load(name: str, role: str = "model") -> Loaded:
         if isinstance(target, str):  # a Hub id: its snapshot in the local cache, never the network
             target = Path(snapshot_download(target, local_files_only=True))
         config = read_config(target)
+        check_weights(target)
         spec = mtp.find(target, config)
-        if spec is None or config.get("model_type") not in mtp.SUPPORTED:
+        if spec is None:
             model, tokenizer, config = mlx_load(str(target), return_config=True)
-        else:
-            def classes(config):  # the MTP families' modules are named after their model_type
-                family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+        else:  # any family whose checkpoint carries MTP weights: dropped before its strict load
+            def classes(config):
+                kind = MODEL_REMAPPING.get(config["model_type"], config["model_type"])
+                family = importlib.import_module(f"mlx_lm.models.{kind}")
                 return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
 
             model, config = load_model(target, get_model_classes=classes)
@@ -126,7 +128,26 @@ def read_config(folder: Path | str) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ModelError(f"'{folder}' is not a local model folder (no config.json); inspect works on folders and aliases")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_bytes())
+    except ValueError as e:  # (UnicodeDecodeError too)
+        raise ModelError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: not a JSON object")
+    return config
+
+
+def check_weights(folder: Path) -> None:
+    """Refuse a .safetensors file whose header is not one (MLX's loader fails without naming it)."""
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            try:
+                ok = size <= path.stat().st_size - 8 and isinstance(json.loads(f.read(size)), dict)
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ModelError(f"{path}: not a safetensors file (damaged or not weights)")
 
 
 def draft_sources(folder: Path | str, config: dict) -> list[str]:

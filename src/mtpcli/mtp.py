@@ -67,7 +67,6 @@ def supported(spec: MtpSpec | None, config: dict) -> bool:
 
 
 def find(folder: Path | str, config: dict) -> MtpSpec | None:
-    """The checkpoint's MTP head, if it carries one."""
     keys = weight_keys(folder)
     qwen = sorted({m.group(1) for k in keys if (m := re.match(r"^(.*?\bmtp\.)(fc|layers|norm|pre_fc)", k))})
     if qwen:
@@ -129,7 +128,6 @@ NAMES = {
     "qwen": {"pre_fc_norm_embedding.weight": "norm_e.weight", "pre_fc_norm_hidden.weight": "norm_h.weight",
              "fc.weight": "proj.weight", "norm.weight": "norm.weight"},
 }
-IGNORED = ("embed_tokens.weight",)  # DeepSeek-V3's copy of the shared embedding
 
 
 def _layer_module(model, moe: bool) -> tuple[nn.Module, int]:
@@ -147,22 +145,16 @@ def _layer_module(model, moe: bool) -> tuple[nn.Module, int]:
     return importlib.import_module("mlx_lm.models.qwen3_5").DecoderLayer(a, i), i
 
 
-def _main_layer_prefix(keys: list[str], spec: MtpSpec) -> str:
-    """How the checkpoint names its main layers, e.g. 'model.layers.' or 'model.language_model.layers.'."""
-    for k in keys:
-        m = re.match(r"^(.*\blayers\.)\d+\.", k)
-        if m and not spec.owns(k) and "visual" not in k:
-            return m.group(1)
-    raise ModelError("cannot find the main model's layers in the checkpoint")
-
-
 def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     """Build the checkpoint's first MTP depth beside the loaded target `model`."""
     family = text_config(config).get("model_type", config.get("model_type"))
     if spec.layout == "mimo" or family not in SUPPORTED:
         raise ModelError(f"MTP heads of this checkpoint ({spec.describe()}, model type '{family}') are not supported; "
                          f"supported: DeepSeek-V3 and Qwen3-Next/Qwen3.5 layouts ({', '.join(SUPPORTED)})")
-    prefix = _main_layer_prefix(weight_keys(folder), spec)  # e.g. model.layers. / model.language_model.layers.
+    prefix = next((m.group(1) for k in weight_keys(folder) if (m := re.match(r"^(.*\blayers\.)\d+\.", k))
+                   and not spec.owns(k) and "visual" not in k), None)  # model.layers., model.language_model.layers.
+    if prefix is None:
+        raise ModelError("cannot find the main model's layers in the checkpoint")
     final_norm = prefix[: -len("layers.")] + "norm.weight"
     raw = {k: v for f in sorted(glob.glob(str(Path(folder) / "model*.safetensors")))
            for k, v in mx.load(f).items() if spec.owns(k) or k == final_norm}
@@ -170,7 +162,8 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     own = {k[len(spec.prefix):]: v for k, v in raw.items() if k.startswith(spec.prefix) and not k.startswith(first)}
     layer_raw = {k[len(first):]: v for k, v in raw.items() if k.startswith(first)}
     if spec.layout == "deepseek":  # the head's own tensors share the layer's prefix
-        own = {k: layer_raw.pop(k) for k in list(layer_raw) if k in NAMES["deepseek"] or k in IGNORED}
+        own = {k: layer_raw.pop(k) for k in list(layer_raw)  # (and DeepSeek-V3's copy of the shared embedding)
+               if k in NAMES["deepseek"] or k == "embed_tokens.weight"}
     missing = [k for k in NAMES[spec.layout] if k not in own and k != "shared_head.head.weight"]
     if missing or not layer_raw:
         raise ModelError(f"incomplete MTP head ({spec.describe()}): missing {', '.join(missing) or 'its decoder layer'}")

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
+
+import numpy as np
 
 from .controller import Plan, WidthPolicy
 
@@ -55,10 +58,7 @@ def shifted(p: float, shift: float) -> float:
 def fit_shift(points: Sequence[tuple[float, float, float]], prior: float = 0.0, sd: float = SHIFT_SD) -> float:
     """The log-odds shift d that best explains outcomes y (passed: 1, rejected: 0) of tokens estimated
     sigmoid(z), with weights w: (z, y, w) points; the maximum a posteriori under a normal prior (prior, sd),
-    so a few tokens move it a little and many move it far. Newton's method on a concave function, within
-    [-6, 6]."""
-    import numpy as np
-
+    so a few tokens move it a little and many move it far. Newton's method (the function is concave), in [-6, 6]."""
     if not len(points):
         return prior
     z, y, w = np.array(points, dtype=np.float64).T
@@ -72,11 +72,6 @@ def fit_shift(points: Sequence[tuple[float, float, float]], prior: float = 0.0, 
             return new
         d = new
     return d
-
-
-def _count(a) -> bool:
-    """What `available` said of a row is a number of tokens, not each token's estimate."""
-    return isinstance(a, numbers.Integral)
 
 
 @dataclass
@@ -109,23 +104,19 @@ class Costs:
         return out + [out[-1] if out else PRIOR_ACCEPT] * (n - len(out))
 
     def to_dict(self) -> dict:
-        return {"plain": self.plain, "per_token": dict(self.per_token),
-                "accept": {k: list(v) for k, v in self.accept.items()},
-                "visits": {k: list(v) for k, v in self.visits.items()},
-                "shift": {k: list(v) for k, v in self.shift.items()}, **({"step": self.step} if self.step else {}),
-                **({"fixed": dict(self.fixed)} if self.fixed else {}),
-                **({"conf": {k: list(v) for k, v in self.conf.items()}} if self.conf else {})}
+        copy = lambda name: {k: list(v) for k, v in getattr(self, name).items()}  # noqa: E731
+        return {"plain": self.plain, "per_token": dict(self.per_token), "accept": copy("accept"),
+                "visits": copy("visits"), "shift": copy("shift"), **({"step": self.step} if self.step else {}),
+                **({"fixed": dict(self.fixed)} if self.fixed else {}), **({"conf": copy("conf")} if self.conf else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
-        plain = float(d["plain"])
+        plain, step = float(d["plain"]), None if d.get("step") is None else float(d["step"])
         per = {str(k): float(v) for k, v in d["per_token"].items()}
-        accept = {str(k): [float(x) for x in v] for k, v in (d.get("accept") or {}).items()}
-        visits = {str(k): [float(x) for x in v] for k, v in (d.get("visits") or {}).items()}
-        shift = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("shift") or {}).items()}
-        step = None if d.get("step") is None else float(d["step"])
-        fixed = {str(k): float(v) for k, v in (d.get("fixed") or {}).items()}
-        conf = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("conf") or {}).items()}
+        floats, pair = (lambda v: [float(x) for x in v]), (lambda v: [float(v[0]), float(v[1])])
+        accept, visits, shift, fixed, conf = ({str(k): f(v) for k, v in (d.get(name) or {}).items()} for name, f in
+                                              (("accept", floats), ("visits", floats), ("shift", pair),
+                                               ("fixed", float), ("conf", pair)))
         if step is not None and not (step > 0 and math.isfinite(step)):
             raise ValueError("non-positive or non-finite plain step")
         if not (plain > 0 and math.isfinite(plain) and
@@ -139,18 +130,17 @@ class Costs:
             raise ValueError("a confidence outside (0, 1]")
         return cls(plain, per, accept, visits, shift, step, fixed, conf)
 
-    def settled(self, measured: "Costs", tolerance: float = 0.15) -> "Costs":
+    def settled(self, measured: "Costs") -> "Costs":
         """What to keep after a run measured `measured`: this table while every measured figure agrees with it
-        within its error (the same seed, the same output next time), else a merge weighted by counts."""
+        within its error (costs within 15%: the same seed, the same output next time), else a count-weighted merge."""
         old, new = self.per_token, measured.per_token
-        # a cycle's cost at a narrow and a wide draft (how it splits into a fixed part and tokens is poorly
-        # measured; its sum is not)
+        # a cycle's cost at a narrow and a wide draft (well measured, unlike its split into a fixed part and tokens)
         pairs = [(self.plain, measured.plain)] + [(self.time(k, w), measured.time(k, w)) for k in new if k in old
                                                   for w in (1, 4)]
         if measured.step:
             pairs.append((self.step or self.plain, measured.step))
         same = (self.step is not None or measured.step is None) and set(new) <= set(old) and \
-            all(abs(a - b) <= tolerance * max(a, 0.1 * self.plain) for a, b in pairs)
+            all(abs(a - b) <= 0.15 * max(a, 0.1 * self.plain) for a, b in pairs)
         for k, xs in measured.accept.items():
             mine, seen = self.accept.get(k, []), measured.visits.get(k, [])
             for i, x in enumerate(xs):
@@ -166,14 +156,11 @@ class Costs:
         if same:  # (a table kept before confidences were: gains them, and nothing else moves)
             new_conf = {k: [c, min(n, VISITS_CAP)] for k, (c, n) in measured.conf.items() if k not in self.conf}
             return replace(self, conf={**self.conf, **new_conf}) if new_conf else self
-        shift = {k: list(v) for k, v in self.shift.items()}
-        for k, (d, n) in measured.shift.items():
-            was, m = shift.get(k, [0.0, 0.0])
-            shift[k] = [(was * m + d * n) / (m + n), min(m + n, VISITS_CAP)] if m + n else [d, n]
-        conf = {k: list(v) for k, v in self.conf.items()}
-        for k, (c, n) in measured.conf.items():
-            was, m = conf.get(k, [c, 0.0])
-            conf[k] = [(was * m + c * n) / (m + n), min(m + n, VISITS_CAP)] if m + n else [c, n]
+        shift, conf = {k: list(v) for k, v in self.shift.items()}, {k: list(v) for k, v in self.conf.items()}
+        for pooled, new_pairs in ((shift, measured.shift), (conf, measured.conf)):  # [value, count]: weighted means
+            for k, (x, n) in new_pairs.items():
+                was, m = pooled.get(k, [x, 0.0])
+                pooled[k] = [(was * m + x * n) / (m + n), min(m + n, VISITS_CAP)] if m + n else [x, n]
         per = {**old, **{k: (old[k] + v) / 2 if k in old else v for k, v in new.items()}}
         accept = {k: list(v) for k, v in self.accept.items()}
         visits = {k: list(self.visits.get(k, [])) + [30.0] * (len(v) - len(self.visits.get(k, [])))
@@ -211,9 +198,9 @@ class CostFit:
 
     prior: Costs
     known: bool = False
-    samples: list[tuple[str | None, int, float]] = field(default_factory=list)
-    plains: list[float] = field(default_factory=list)
-    chained: list[float] = field(default_factory=list)
+    samples: deque[tuple[str | None, int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    plains: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    chained: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     first: bool = True
 
     def add(self, source: str | None, k: int, seconds: float, chained: bool = False) -> None:
@@ -222,13 +209,10 @@ class CostFit:
             return
         if chained and not k:
             self.chained.append(seconds)
-            del self.chained[:-64]
             return
         self.samples.append((source if k else None, k, seconds))
-        del self.samples[:-WINDOW]
         if not k:
             self.plains.append(seconds)
-            del self.plains[:-64]
 
     def plain_samples(self) -> int:
         return len(self.plains) + len(self.chained)
@@ -236,10 +220,7 @@ class CostFit:
     def cycles(self) -> int:
         return len(self.samples) + len(self.chained) + (not self.first)
 
-    def result(self, accept: dict[str, list[float]] | None = None, visits: dict[str, list[float]] | None = None,
-               shift: dict[str, list[float]] | None = None) -> Costs | None:
-        import numpy as np
-
+    def result(self) -> Costs | None:
         pts = self.samples
         if len(pts) + len(self.chained) < 4:
             return None
@@ -247,19 +228,16 @@ class CostFit:
         # line, the price of leaving drafting); only what this run measured
         step = float(np.median(self.chained)) if len(self.chained) >= 3 else None
         if not pts:  # nothing but chained plain steps: their own time; the line's intercept as kept, else theirs
-            return Costs(self.prior.plain if self.known else step, {}, dict(accept or {}), dict(visits or {}),
-                         dict(shift or {}), step)
+            return Costs(self.prior.plain if self.known else step, {}, step=step)
         names = sorted(self.prior.per_token)
-        # the line's intercept is a plain step launched on its own: measured, else the kept one, else a chained
-        # one (a tenth cheaper, but a line drawn through a few widths alone leans far either way), else no cycle
-        # is faster than it
+        # the line's intercept is a plain step launched on its own: measured, else the kept one, else a chained one
+        # (a tenth cheaper, but a line through a few widths alone leans far either way), else no cycle is faster
         plain = float(np.median(self.plains)) if self.plains else self.prior.plain if self.known else \
             float(np.median(self.chained)) if self.chained else min(t for *_, t in pts)
         scale = 1.0 if self.known else plain / self.prior.plain  # a prior in seconds, or in units of a plain step
         anchored = self.known or self.plains or self.chained
-        # columns: the intercept, each source's seconds per drafted token, each source's fixed part of a cycle
-        # worth this many samples (a fixed part's prior, none, hardly: the split between it and the slope is
-        # what the widths measured say)
+        # columns: the intercept, each source's seconds per drafted token and fixed part of a cycle, their priors
+        # worth this many samples (a fixed part's hardly: its split from the slope is what the widths measured say)
         reg = np.sqrt([8.0 if anchored else 2.0] + [2.0] * len(names) + [0.25] * len(names))
         px = np.diag(reg)
         py = reg * np.array([plain] + [self.prior.per_token.get(n, 0.0) * scale for n in names] +
@@ -283,8 +261,7 @@ class CostFit:
         drafted = {s for s, _, _ in pts if s is not None}  # a source this run never drafted with: not measured
         per = {n: max(float(c), 0.0) for n, c in zip(names, coef[1:]) if n in drafted}
         fixed = {n: max(float(c), 0.0) for n, c in zip(names, coef[1 + len(names):]) if n in drafted}
-        return Costs(max(float(coef[0]), 1e-6), per, dict(accept or {}), dict(visits or {}), dict(shift or {}), step,
-                     fixed)
+        return Costs(max(float(coef[0]), 1e-6), per, step=step, fixed=fixed)
 
 
 class AutoPolicy(WidthPolicy):
@@ -300,8 +277,6 @@ class AutoPolicy(WidthPolicy):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then takes
         plain steps at its 2nd to 4th cycles); `widest`: a source's widest draft under n_max; `stops`: the
         sources whose drafts stop themselves (`floor`), asked for their widest draft."""
-        if n_max < 1:
-            raise ValueError(f"n_max must be >= 1 (got {n_max})")
         self.sources, self.n_max, self.costs, self.available = list(sources), n_max, costs, available
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops = set(stops)
@@ -316,46 +291,32 @@ class AutoPolicy(WidthPolicy):
         self.fit = CostFit(costs, known=warm)
         self.reset()
 
+    def fresh(self, name: str):
+        """A row's `counts` (accepted, reached) and `offs` (the offset at each test: see offset) per source and
+        position; `conf`: the target's confidence (decayed sum, weight); `points`: (z, y, tick) per source (see
+        shift); `shadow`: source -> (position, tokens, estimates); `contexts`: its context at the last plan."""
+        n = self.n_max
+        if name in ("counts", "offs"):
+            return {s: ([0.0] * n, [0.0] * n) if name == "counts" else [0.0] * n for s in self.sources}
+        return {"conf": [0.0, 0.0], "points": {s: [] for s in self.sources}, "shadow": {}}.get(name, [])
+
     def reset(self, member: int | None = None) -> None:
-        fresh = lambda: {s: ([0.0] * self.n_max, [0.0] * self.n_max) for s in self.sources}  # noqa: E731
-        offs = lambda: {s: [0.0] * self.n_max for s in self.sources}  # noqa: E731
+        if member is not None and member < len(self.contexts):
+            for s, draft in self.shadow[member].items():  # the row that ends: its pending drafts, as far as committed
+                self._decide(s, member, self.contexts[member], *draft, final=True)
+        super().reset(member)
+        self._shifts, self._row_shifts = {}, {}  # cached per (source, member)
         if member is None:
-            self.counts = [fresh() for _ in range(self.batch)]
-            self.offs = [offs() for _ in range(self.batch)]  # per row and source: the offset at each test (see offset)
-            self.conf = [[0.0, 0.0] for _ in range(self.batch)]  # per row: the target's confidence, decayed sum, weight
             self.seen_conf = {s: [0.0, 0.0] for s in self.sources}  # per source: the rows' confidences summed, tests
-            self.history = [[] for _ in range(self.batch)]
-            self.last = Plan(None, 0)
-            self.scored = 0
+            self.last, self.scored, self.tick = Plan(None, 0), 0, 0
             self.rate = self.best = 0.0  # tokens per second a row expects of the best plan (best: of the batch)
-            self.own_estimates: dict[str, list] = {}  # per source, per row: each token's estimate (the source's own)
-            self.seen = fresh()  # the whole run's counts per source, pooled over rows, undecayed: kept for the next
-            self.points = [{s: [] for s in self.sources} for _ in range(self.batch)]  # (z, y, tick): see shift
+            self.own_estimates, self.own_tokens = {}, {}  # per source, per row: its own estimates of its tokens, them
+            self.seen = self.fresh("counts")  # the run's counts per source, pooled over rows, undecayed: kept
             self.seen_points: dict[str, list] = {s: [] for s in self.sources}
-            self.tick = 0
-            self.shadow = [{} for _ in range(self.batch)]  # per row: source -> (position, tokens, estimates)
-            self.own_tokens: dict[str, list] = {}
-            self.contexts: list = []  # the rows' contexts at the last plan (the lists themselves: they grow)
-            self._shifts: dict[tuple[str, int], float] = {}
-            self._row_shifts: dict[tuple[str, int], float] = {}
-        else:
-            self.counts[member] = fresh()
-            self.offs[member] = offs()
-            self.conf[member] = [0.0, 0.0]
-            self.history[member] = []
-            if member < len(self.contexts):  # the row that ends: its pending drafts, as far as it committed
-                for s, draft in self.shadow[member].items():
-                    self._decide(s, member, self.contexts[member], *draft, final=True)
-            self.points[member] = {s: [] for s in self.sources}
-            self.shadow[member] = {}
-            self._shifts = {}
-            self._row_shifts = {}
 
     # ---- estimates ------------------------------------------------------------------------------------
     def acceptance(self, source: str, member: int = 0, explore: bool = False) -> list[float]:
-        """Per position: the kept acceptance moved in log-odds by the row's shift (`row_shift`), plus an
-        exploration bonus that shrinks with the times the position was reached and the row's tests of the
-        source (docs/policy.md)."""
+        """Per position: the kept acceptance moved by the row's shift (`row_shift`), plus the exploration bonus."""
         reached = self.counts[member][source][1]
         d = self.row_shift(source, member)
         prior = self.costs.prior_accept(source, self.n_max)
@@ -371,8 +332,7 @@ class AutoPolicy(WidthPolicy):
             prior = self.costs.prior_accept(source, self.n_max)
             pts = [pt for a, r, p, o in zip(acc, reached, prior, self.offs[member][source]) if r > 1e-6
                    for pt in ((_logit(p) + o / r, 1.0, a), (_logit(p) + o / r, 0.0, max(r - a, 0.0)))]
-            got = fit_shift(pts, 0.0, ROW_SD) if pts else 0.0
-            got = self._row_shifts[(source, member)] = got + self.offset(source, member)
+            got = self._row_shifts[(source, member)] = fit_shift(pts, 0.0, ROW_SD) + self.offset(source, member)
         return got
 
     def offset(self, source: str, member: int = 0) -> float:
@@ -388,27 +348,20 @@ class AutoPolicy(WidthPolicy):
 
     def shift(self, source: str, member: int = 0) -> float:
         """How far (in log-odds) this row's tokens of `source` have passed more often than the source estimated
-        them: fitted to its verified tokens (older ones fading by DECAY a cycle), around the kept shift; fitted
-        again when the row has new tokens of the source."""
+        them: fitted to its verified tokens (older ones fading by DECAY a cycle), around the kept shift."""
         got = self._shifts.get((source, member))
         if got is None:
             pts = [(z, y, DECAY ** (self.tick - t)) for z, y, t in self.points[member][source]]
-            got = fit_shift(pts, self.costs.shift.get(source, [0.0])[0]) if pts else \
-                self.costs.shift.get(source, [0.0])[0]
-            self._shifts[(source, member)] = got
+            got = self._shifts[(source, member)] = fit_shift(pts, self.costs.shift.get(source, [0.0])[0])
         return got
 
     def expected(self, source: str, k: int, member: int = 0, explore: bool = False,
                  estimates: Sequence[float] = ()) -> float:
         """Expected committed tokens of a cycle drafting k tokens of `source`: 1 + sum_j prod_{i<=j} a_i, where a
-        source that estimates its own tokens (`estimates`) is expected what it says of each, calibrated by the
-        row's shift for it."""
+        source that estimates its own tokens (`estimates`) is expected what it says, shifted by the row's fit."""
         total, run = 1.0, 1.0
-        if estimates:
-            d = self.shift(source, member)
-            chances = [shifted(e, d) for e in estimates[:k]]
-        else:
-            chances = self.acceptance(source, member, explore)[:k]
+        d = self.shift(source, member) if estimates else 0.0
+        chances = [shifted(e, d) for e in estimates[:k]] if estimates else self.acceptance(source, member, explore)[:k]
         for a in chances:
             run *= a
             total += run
@@ -423,33 +376,31 @@ class AutoPolicy(WidthPolicy):
                 accept[s], visits[s] = [a for a, _ in known], [r for _, r in known]
         shift = {s: [fit_shift([(z, y, 1.0) for z, y in pts], 0.0, 3.0), float(len(pts))]
                  for s, pts in self.seen_points.items() if len(pts) >= 8}
-        costs = self.fit.result(accept, visits, shift)
+        costs = self.fit.result()
         if costs is not None:
+            costs.accept, costs.visits, costs.shift = accept, visits, shift
             # (the sources scored by their kept acceptance: those that estimate their own tokens never read it)
             costs.conf = {s: [min(c / n, 1.0 - EDGE), min(n, VISITS_CAP)] for s, (c, n) in self.seen_conf.items()
                           if s in accept and s in self.stops and n >= 4}
         return costs
 
     def scores(self, contexts: list) -> dict[tuple[str | None, int], float]:
-        """Expected tokens per second of every plan (the exploration bonus included); `best`: the best of them
-        without the bonus."""
+        """Expected tokens per second of every plan (with the exploration bonus); `best`: the best without it."""
         B = len(contexts)
         out = {(None, 0): B / self.costs.time(None, 0)}
         self.best = out[(None, 0)]
         self.own_estimates = {}
         for s in self.sources:
             widest = self.widest.get(s, self.n_max)
-            avail = self.available(s, contexts, widest)  # per row: tokens it has, or each one's estimate
-            est = [[] if _count(a) else list(a) for a in avail] if avail is not None else [[]] * B
-            have = None if avail is None else [int(a) if _count(a) else len(a) for a in avail]
-            self.own_estimates[s] = est
-            self.own_tokens[s] = [getattr(a, "tokens", None) for a in avail] if avail is not None else [None] * B
+            # per row: how many tokens it has, or each one's estimate (None, unknown: as many as asked for)
+            avail = self.available(s, contexts, widest) or [widest] * B
+            est = self.own_estimates[s] = [[] if isinstance(a, numbers.Integral) else list(a) for a in avail]
+            have = [int(a) if isinstance(a, numbers.Integral) else len(a) for a in avail]
+            self.own_tokens[s] = [getattr(a, "tokens", None) for a in avail]
             for k in range(1, widest + 1):
-                caps = [k] * B if have is None else [min(k, a) for a in have]
-                if max(caps) < k and k > 1:
+                caps = [min(k, a) for a in have]
+                if max(caps) < k:
                     break  # no row has more to give
-                if max(caps) == 0:
-                    break
                 e = sum(self.expected(s, c, b, explore=True, estimates=est[b]) for b, c in enumerate(caps))
                 out[(s, k)] = e / self.costs.time(s, max(caps))
                 if not any(est):  # (a source's own estimates carry no bonus)
@@ -534,28 +485,23 @@ class AutoPolicy(WidthPolicy):
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
                chances: Sequence[Sequence[float]] | None = None, chained: bool = False) -> None:
-        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n
-        after n passed counts as a rejection at n (it commits n + 1 tokens either way). `chances`: the
-        source's estimate of each drafted token."""
+        """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`; a draft cut short at n after
+        n passed counts as a rejection at n (n + 1 tokens either way). `chances`: its estimate of each drafted token."""
         requested = requested or drafted
         self.tick += 1
         self._row_shifts = {}  # every count decays each cycle
         if chances is not None and source in self.seen_points:
             for member, (n, a, cs) in enumerate(zip(drafted, accepted, chances)):
                 self._learn(source, member, [(_logit(c), float(i < a)) for i, c in enumerate(cs[: min(n, a + 1)])])
-        for member in range(len(drafted)):
-            for (acc, reached), offs in zip(self.counts[member].values(), self.offs[member].values()):
-                for i in range(self.n_max):
-                    acc[i] *= DECAY
-                    reached[i] *= DECAY
-                    offs[i] *= DECAY
         for member, (n, a, r) in enumerate(zip(drafted, accepted, requested)):
+            for (acc, reached), offs in zip(self.counts[member].values(), self.offs[member].values()):
+                for xs in (acc, reached, offs):
+                    xs[:] = [x * DECAY for x in xs]
             self.history[member].append(n)
             if source not in self.seen:
                 continue
             o = self.offset(source, member)  # (before this cycle's tokens are observed: what it was planned on)
-            conf = self.conf[member]
-            mean = conf[0] / conf[1] if conf[1] else None
+            total, weight = self.conf[member]
             tested = list(range(min(n, a + 1, self.n_max)))  # positions past the first rejection were not tested
             if a == n < min(r, self.n_max):
                 tested.append(n)  # cut short at n after n passed: n + 1 tokens, as a rejection at n gives
@@ -564,8 +510,8 @@ class AutoPolicy(WidthPolicy):
                     reached[i] += 1
                     acc[i] += i < a
                 self.offs[member][source][i] += o
-            if mean is not None and tested:  # once per row and cycle (a deep draft is no more evidence of it)
-                self.seen_conf[source][0] += mean
+            if weight and tested:  # once per row and cycle (a deep draft is no more evidence of it)
+                self.seen_conf[source][0] += total / weight
                 self.seen_conf[source][1] += 1
         k = max(drafted, default=0)
         if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)

@@ -5,10 +5,12 @@ prompt the caller makes that a usage error). Non-UTF-8 bytes are replaced, with 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import SCHEMA
 from .errors import UsageError
 
 SHIPPED = Path(__file__).parent / "bench_prompts"  # the content classes, for `mtpcli bench` without --prompts
@@ -32,8 +34,10 @@ def decode(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        print(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD",
-              file=sys.stderr, flush=True)
+        rank = next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "0")
+        if rank == "0":  # under mlx.launch every rank reads the prompts: rank 0 alone says so
+            print(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD",
+                  file=sys.stderr, flush=True)
         return data.decode("utf-8", errors="replace")
 
 
@@ -54,9 +58,9 @@ def _jsonl_row(index: int, source: str, line: str) -> Item:
     unknown = sorted(set(row) - {"prompt", "max_tokens", "seed"})
     if unknown:
         return Item(index, source, error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed)")
-    for key, low in (("max_tokens", 1), ("seed", 0)):
-        if key in row and (type(row[key]) is not int or row[key] < low):
-            return Item(index, source, error=f"{source}: {key} must be an integer >= {low}")
+    for key in ("max_tokens", "seed"):
+        if key in row and (type(row[key]) is not int or not SCHEMA[key].check(row[key])):
+            return Item(index, source, error=f"{source}: {key} must be an integer ({SCHEMA[key].allowed})")
     return Item(index, source, row["prompt"], row.get("max_tokens"), row.get("seed"))
 
 
@@ -78,17 +82,17 @@ def read_files(names: list[str], flag: str = "--prompt-file") -> list[Item]:
 
 def read_jsonl(name: str, flag: str = "--prompts-jsonl", start: int = 0) -> list[Item]:
     try:
-        lines = Path(name).read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = Path(name).read_bytes().removeprefix(b"\xef\xbb\xbf").splitlines()  # a byte-order mark is fine
     except OSError as e:
         raise UsageError(f"{flag} {name}: {e.strerror or e}") from None
-    items = [_jsonl_row(start + i, f"{name}:{n}", line)
+    items = [_jsonl_row(start + i, f"{name}:{n}", decode(line, f"{name}:{n}"))
              for i, (n, line) in enumerate((n, x) for n, x in enumerate(lines, 1) if x.strip())]
     if not items:
         raise UsageError(f"{flag} {name}: no prompts in the file")
     return items
 
 
-def read(prompt: str | None, files: list[str], jsonl: str | None, stdin=None) -> tuple[list[Item], bool]:
+def read(prompt: str | None, files: list[str], jsonl: str | None) -> tuple[list[Item], bool]:
     """(items, single): several prompts, or the one prompt of --prompt, a file, or stdin."""
     if jsonl or len(files) > 1 or any(Path(f).is_dir() for f in files):
         if prompt is not None:
@@ -99,15 +103,14 @@ def read(prompt: str | None, files: list[str], jsonl: str | None, stdin=None) ->
         for i, it in enumerate(items):
             it.index = i
         return items, False
-    stdin = stdin or sys.stdin
     if prompt is not None and files:
         raise UsageError("give either --prompt or --prompt-file, not both")
     if prompt is not None:
         item = Item(0, "--prompt", prompt)
     elif not files or files[0] == "-":
-        if not files and (stdin is None or stdin.isatty()):
+        if not files and (sys.stdin is None or sys.stdin.isatty()):
             raise UsageError("no prompt: give --prompt TEXT, --prompt-file PATH, or pipe text on stdin")
-        item = Item(0, "stdin", decode(stdin.buffer.read(), "stdin"))
+        item = Item(0, "stdin", decode(sys.stdin.buffer.read(), "stdin"))
     else:
         item = _file(0, Path(files[0]))
         if item.error:
@@ -118,11 +121,9 @@ def read(prompt: str | None, files: list[str], jsonl: str | None, stdin=None) ->
 def bench_set(source: str | None) -> list[Item]:
     """`mtpcli bench --prompts`: comma-separated folders, .jsonl and text files; the shipped content classes."""
     names = [p for p in (source or str(SHIPPED)).split(",") if p]
-    for name in names:
-        if not Path(name).exists():
-            raise UsageError(f"--prompts {name}: no such file or folder")
+    if missing := next((name for name in names if not Path(name).exists()), None):
+        raise UsageError(f"--prompts {missing}: no such file or folder")
     items = read_files(names, "--prompts")
-    bad = next((it for it in items if it.error), None)
-    if bad:
+    if bad := next((it for it in items if it.error), None):
         raise UsageError(f"--prompts: {bad.error}")
     return items

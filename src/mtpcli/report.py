@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
+import os
 import re
 import statistics
 import sys
 import time
 from collections import Counter
 from datetime import datetime
-from typing import Any, Sequence, TextIO
+from typing import Any
 
 from .errors import UsageError
-from .stats import table
+from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, table
+from .writers import check_writable, write_file
 
 
 def parse_since(text: str) -> float:
@@ -40,8 +43,6 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
 
 def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
     """What each draft source contributed over these runs (and the plain steps, width 0, apart)."""
-    from .stats import SourceStats, plain_last, rates_text
-
     pooled: dict[str, SourceStats] = {}
     runs: Counter = Counter()
     total_s = 0.0
@@ -135,7 +136,9 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
     for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
         a.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=os.path.splitext(path)[1][1:].lower() or "png")
+    write_file("--plot", path, buf.getvalue())
 
 
 def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
@@ -143,14 +146,17 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout."""
     from . import runlog
 
+    if plot:
+        check_writable("--plot", plot)
     if file:
         try:
             doc = json.loads(open(file, encoding="utf-8").read())
         except (OSError, ValueError) as e:
             raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
         if not isinstance(doc, dict):
-            raise UsageError(f"--file {file}: not a run's statistics (a JSON {type(doc).__name__})")
-        return _show_run(doc, as_json, plot, run_title(None, doc, file))
+            kind = "null" if doc is None else type(doc).__name__
+            raise UsageError(f"--file {file}: not a run's statistics (a JSON {kind})")
+        return _show_run(doc, as_json, plot, run_title(None, doc, file), f"--file {file}")
     records = runlog.query(since=parse_since(since) if since else None, model=model, profile=profile)
     if not records:
         raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
@@ -183,23 +189,24 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
                  r["stats"]["acceptance_rate"], r["stats"]["decode_tps"]] for r in doc]
     else:
         r = records[-1]
-        return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"))
+        return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"), f"run {r['id']}")
     if as_json:
         print(json.dumps(doc))
     else:
         table(headers, rows)
 
 
-def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str) -> None:
-    from .stats import REQUIRED, render
-
+def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str, name: str) -> None:
     missing = [k for k in REQUIRED if k not in doc]
     if missing:
-        raise UsageError(f"{title.split(' · ')[0]}: not a run's statistics (no {missing[0]})")
+        raise UsageError(f"{name}: not a run's statistics (no {missing[0]})")
     if as_json:
         print(json.dumps(doc))
     else:
-        render(doc, sys.stdout, sys.stdout.isatty(), title=title)
+        try:  # (the rows are made before any is printed)
+            render(doc, sys.stdout, sys.stdout.isatty(), title=title)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"{name}: not a run's statistics ({type(e).__name__}: {e})") from None
         if doc.get("distributed"):
             from .distributed import describe
 
@@ -223,8 +230,8 @@ def human_count(n: float) -> str:
     return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e4 else f"{int(n)}"
 
 
-def ago(ts: float, now: float | None = None) -> str:
-    s = max(0.0, (now or time.time()) - ts)
+def ago(ts: float) -> str:
+    s = max(0.0, time.time() - ts)
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if s >= size:
             return f"{s / size:.0f} {unit} ago"

@@ -4,6 +4,7 @@ SQLite plumbing and once-only warning it shares with the history store."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .errors import UsageError
 
@@ -21,7 +23,6 @@ CREATE TABLE IF NOT EXISTS runs (
   draft TEXT, prompt_tokens INTEGER, prompt_hash TEXT, prompt TEXT, settings TEXT NOT NULL, stats TEXT NOT NULL,
   status INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, value TEXT NOT NULL, time REAL NOT NULL)"""
-JSON_COLUMNS = ("command", "settings", "stats")
 
 
 def data_dir() -> Path:
@@ -51,27 +52,67 @@ def use_wal(con: sqlite3.Connection) -> None:
             time.sleep(0.05)
 
 
-def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None = None,
-            pragmas: tuple[str, ...] = ()) -> sqlite3.Connection:
-    """Connect (autocommit, 30 s busy timeout) and check that `table` reads; with `create`, make the folder, the
-    file (with `mode`, if new), WAL mode, `pragmas` and `schema` first. sqlite3 errors pass through."""
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if mode is not None and not path.exists():
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
-    con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+class Foreign(sqlite3.DatabaseError):
+    """A valid SQLite file of another schema: never written."""
+
+
+@functools.cache
+def _columns(schema: str) -> dict[str, set[str]]:
+    with contextlib.closing(sqlite3.connect(":memory:")) as mem:
+        mem.executescript(schema)
+        return {t: {c[1] for c in mem.execute(f"PRAGMA table_info({t})")}
+                for (t,) in mem.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _check(con: sqlite3.Connection, schema: str, table: str) -> None:
+    """Foreign unless the file has no table yet, or has `table`, and each table of `schema` there has its columns."""
+    tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for t, cols in _columns(schema).items():
+        have = {c[1] for c in con.execute(f"PRAGMA table_info({t})")}
+        if t in tables and not cols <= have:
+            raise Foreign(f"table {t} has no column {min(cols - have)}")
+    if tables and table not in tables:
+        raise Foreign(f"no table {table}; tables {', '.join(sorted(tables))}")
+
+
+def _open(path: Path, uri: str, schema: str, table: str, create: bool, pragmas: tuple[str, ...]):
+    con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=30.0, isolation_level=None)
     try:
         con.execute("PRAGMA busy_timeout = 30000")
+        _check(con, schema, table)
         if create:
             use_wal(con)
             for pragma in pragmas:
                 con.execute(pragma)
             con.executescript(schema)
         con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return con
     except BaseException:
         con.close()
         raise
-    return con
+
+
+def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None = None,
+            pragmas: tuple[str, ...] = ()) -> sqlite3.Connection:
+    """Connect (autocommit, 30 s busy timeout) and check the schema (Foreign: another's) before anything is written;
+    with `create`, then make the folder, the file (with `mode`, if new), WAL mode, `pragmas` and `schema`. Without,
+    read-only: in a read-only folder a WAL file without its -shm opens only as immutable (unless its WAL holds data).
+    sqlite3 errors pass through (the first, of the read-only tries)."""
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if mode is not None and not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+    wal = Path(f"{path}-wal")
+    hot = wal.is_file() and wal.stat().st_size > 0
+    first = None
+    for uri in ["mode=rwc"] if create else ["mode=ro"] + ([] if hot else ["immutable=1"]):
+        try:
+            return _open(path, uri, schema, table, create, pragmas)
+        except sqlite3.OperationalError as e:
+            if "readonly" not in str(e):  # (immutable is for a folder nobody writes, never for a busy file)
+                raise
+            first = first or e
+    raise first
 
 
 @contextlib.contextmanager
@@ -83,13 +124,19 @@ def writing(con: sqlite3.Connection):
         try:
             yield con
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:  # (SQLite has rolled back itself after some errors: a full disk)
+                con.execute("ROLLBACK")
             raise
         con.execute("COMMIT")
 
 
-def _unreadable(path: Path, e: Exception) -> UsageError:
-    return UsageError(f"run log {path} is unreadable ({e}); left untouched")
+def problem(what: str, path: Path, e: Exception) -> str:
+    """A store's failure in words that name it: another schema, a damaged file, or the error itself (a full disk)."""
+    if isinstance(e, Foreign):
+        return f"{what} {path} is a SQLite file of another schema ({e}); left untouched"
+    if type(e) is sqlite3.DatabaseError:  # not a database, or a damaged one (a full disk is an OperationalError)
+        return f"{what} {path} is unreadable ({e}); left untouched"
+    return str(e) if isinstance(e, UsageError) else f"{what} {path}: {getattr(e, 'strerror', None) or e}"
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
@@ -98,7 +145,7 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
     try:
         return open_db(path, SCHEMA, "runs", create)
     except sqlite3.DatabaseError as e:
-        raise _unreadable(path, e) from None
+        raise UsageError(problem("run log", path, e)) from None
 
 
 _warned: set[str] = set()
@@ -124,61 +171,57 @@ def append_safely(*, command, settings, profile, model, draft, prompt, stats, st
             return con.execute("INSERT INTO runs (time, command, profile, model, draft, prompt_tokens, prompt_hash,"
                                " prompt, settings, stats, status) VALUES (?,?,?,?,?,?,?,?,?,?,?)", values).lastrowid
     except (OSError, sqlite3.Error, UsageError) as e:
-        warn(f"run not logged ({log_path()}): {e}", key="run not logged")
+        warn(f"run not logged: {problem('run log', log_path(), e)}", key="run not logged")
         return None
 
 
 def query(*, last: int | None = None, since: float | None = None, model: str | None = None,
-          profile: str | None = None, ids: list[int] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
+          profile: str | None = None, path: Path | None = None) -> list[dict[str, Any]]:
     """Records, oldest first, after filters; `last` keeps the newest N."""
     path = path or log_path()
     con = _connect(path, create=False)
     con.row_factory = sqlite3.Row
-    where, args = [], []
-    for on, cond, values in ((since is not None, "time >= ?", [since]), (model, "model = ?", [model]),
-                             (profile, "profile = ?", [profile]),
-                             (ids, f"id IN ({','.join('?' * len(ids or ()))})", ids)):
-        if on:
-            where.append(cond)
-            args.extend(values)
+    where = {cond: v for cond, v in (("time >= ?", since), ("model = ?", model), ("profile = ?", profile)) if v}
     sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
     if last:
         sql += f" LIMIT {int(last)}"
     try:
-        rows = [{**dict(r), **{c: json.loads(r[c]) for c in JSON_COLUMNS}} for r in con.execute(sql, args)]
-    except sqlite3.DatabaseError as e:
-        raise _unreadable(path, e) from None
+        rows = [{**dict(r), **{c: json.loads(r[c]) for c in ("command", "settings", "stats")}}
+                for r in con.execute(sql, list(where.values()))]
+    except (sqlite3.DatabaseError, ValueError) as e:
+        raise UsageError(problem("run log", path, e)) from None
     finally:
         con.close()
     return rows[::-1]
 
 
-def clear(path: Path | None = None) -> int:
-    with writing(_connect(path or log_path(), create=False)) as con:
+def clear() -> int:
+    _connect(log_path(), create=False).close()  # there, and a run log
+    with writing(_connect(log_path(), create=True)) as con:
         return con.execute("DELETE FROM runs").rowcount
 
 
 # ---- cycle costs of draft = auto, per model, draft model, machine (policy.Costs) ------------------------------
 
-def load_costs(key: str, path: Path | None = None) -> dict[str, Any] | None:
+def load_costs(key: str) -> dict[str, Any] | None:
     """The stored costs, or None (none yet, logging off, or an unreadable log: then the prior is used)."""
     if disabled():
         return None
     try:
-        with contextlib.closing(_connect(path or log_path(), create=False)) as con:
+        with contextlib.closing(_connect(log_path(), create=False)) as con:
             row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
     except (UsageError, sqlite3.Error, ValueError):
         return None  # no log, an old one without the table, or a damaged one: left untouched
 
 
-def update_costs(key: str, settle, path: Path | None = None) -> None:
+def update_costs(key: str, settle) -> None:
     """Read the kept value, settle(value or None) -> the value to keep or None (keep it), write: one transaction,
     so concurrent runs settle one after another and none loses the other's update."""
     if disabled():
         return
     try:
-        with writing(_connect(path or log_path(), create=True)) as con:
+        with writing(_connect(log_path(), create=True)) as con:
             row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
             try:
                 current = json.loads(row[0]) if row else None

@@ -148,11 +148,9 @@ class RunStats(_Drafts):
         out.shared_prompt = self.shared_prompt and other.shared_prompt
         out.reached = _add(self.reached, other.reached)
         out.accepted_at = _add(self.accepted_at, other.accepted_at)
-        out.sources = {name: SourceStats().merge(st) for name, st in self.sources.items()}  # copies, not aliases
-        for name, st in other.sources.items():
-            out.sources[name] = out.sources.get(name, SourceStats()).merge(st)
-        ttfts = [t for t in (self.ttft_s, other.ttft_s) if t is not None]
-        out.ttft_s = min(ttfts) if ttfts else None
+        out.sources = {name: self.sources.get(name, SourceStats()).merge(other.sources.get(name, SourceStats()))
+                       for name in {**self.sources, **other.sources}}  # new objects, not aliases
+        out.ttft_s = min((t for t in (self.ttft_s, other.ttft_s) if t is not None), default=None)
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
         out.controller_estimate = other.controller_estimate
         out.typical = self.typical or other.typical
@@ -217,11 +215,8 @@ def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: Tex
         from rich.table import Table
 
         t = Table(title=title, title_justify="left", show_header=headers is not None)
-        if headers is None:
-            t.add_column(style="bold cyan")
-            t.add_column()
-        for h in headers or ():
-            t.add_column(h)
+        for i, h in enumerate(headers or ("", "")):  # without headers: the keys' column in bold cyan
+            t.add_column(h, style="bold cyan" if headers is None and i == 0 else None)
         for r in cells:
             t.add_row(*r)
         Console(file=out, force_terminal=True).print(t)
@@ -294,6 +289,5 @@ def render(d: dict[str, Any], out: TextIO, tty: bool, title: str = "mtpcli run")
             rows.append(("tokens_per_cycle_trace", sparkline(tpc)))
         for label, hist in (("accept_length", d["accept_length_hist"]), ("draft_width", d["draft_width_hist"])):
             total = sum(hist.values()) or 1
-            for k, v in hist.items():
-                rows.append((f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}"))
+            rows += [(f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}") for k, v in hist.items()]
     table(None, rows, out, tty, title)

@@ -42,17 +42,11 @@ def _prob_of(p: mx.array, tokens: mx.array) -> mx.array:
     return mx.take_along_axis(p, tokens[..., None], axis=-1).squeeze(-1)
 
 
-def _real(draft: mx.array, lengths: mx.array | None) -> mx.array:
+def _real(draft: mx.array, lengths: list[int] | None) -> mx.array:
     """(B, k) True at real (not padding) draft positions."""
     if lengths is None:
         return mx.ones(draft.shape, mx.bool_)
-    return mx.arange(draft.shape[-1])[None] < lengths[:, None]
-
-
-def _uniforms(keys: list, lengths: list[int], k: int) -> mx.array:
-    """Per-row uniforms, each row drawn with its own key and its own length, padded to k."""
-    rows = [mx.random.uniform(shape=(1, n), key=key) for key, n in zip(keys, lengths)]
-    return mx.concatenate([mx.pad(r, [(0, 0), (0, k - r.shape[1])], constant_values=2.0) for r in rows])
+    return mx.arange(draft.shape[-1])[None] < mx.array(lengths)[:, None]
 
 
 def _sample_rows(rows: mx.array, keys) -> mx.array:
@@ -65,7 +59,7 @@ def greedy(target_logits: mx.array, draft: mx.array, lengths: list[int] | None =
     """T = 0: accept while the draft equals the target's argmax; the next token is the argmax."""
     best = mx.argmax(target_logits, axis=-1)  # (B, k+1)
     k = draft.shape[-1]
-    n = _prefix_length((draft == best[:, :k]) & _real(draft, None if lengths is None else mx.array(lengths)))
+    n = _prefix_length((draft == best[:, :k]) & _real(draft, lengths))
     return Verdict(n, _at(best, n))
 
 
@@ -89,13 +83,14 @@ def exact(p: mx.array, q: mx.array | None, draft: mx.array, key, lengths: list[i
     """
     k = draft.shape[-1]
     if isinstance(key, list):
-        split = [mx.random.split(kk) for kk in key]
-        u = _uniforms([a for a, _ in split], lengths or [k] * len(key), k)
+        split = [mx.random.split(kk) for kk in key]  # per row: uniforms of its own length with its own key, padded
+        u = [mx.random.uniform(shape=(1, n), key=a) for (a, _), n in zip(split, lengths or [k] * len(key))]
+        u = mx.concatenate([mx.pad(r, [(0, 0), (0, k - r.shape[1])], constant_values=2.0) for r in u])
         k_sample = [b for _, b in split]
     else:
         k_accept, k_sample = mx.random.split(key)
         u = mx.random.uniform(shape=draft.shape, key=k_accept)
-    real = _real(draft, None if lengths is None else mx.array(lengths))
+    real = _real(draft, lengths)
     pd = _prob_of(p[:, :k], draft)
     qd = 1.0 if q is None else _prob_of(q, draft)
     n = _prefix_length((u * qd < pd) & real)
@@ -124,7 +119,7 @@ def typical(p: mx.array, draft: mx.array, key, threshold: float, eps: float = 1.
     """
     k = draft.shape[-1]
     floor, h = typical_floor(p, threshold, eps)
-    real = _real(draft, None if lengths is None else mx.array(lengths))
+    real = _real(draft, lengths)
     n = _prefix_length((_prob_of(p[:, :k], draft) > floor[:, :k]) & real)
     return Verdict(n, _sample_rows(_at(p, n), key), entropy=h, floor=floor)
 

@@ -1,6 +1,7 @@
 """The writers of `mtpcli generate`: completions in input order. Text streams the first unfinished completion as it
 is committed and prints the later ones whole when their turn comes (joined by --separator); jsonl prints a row per
-completion as soon as every earlier row is out; json one document at the end (the front end writes it)."""
+completion as soon as every earlier row is out; json one document at the end (the front end writes it). And the
+result files of every command (--stats-json, bench --out, stats --plot): checked before the work, written whole."""
 
 from __future__ import annotations
 
@@ -9,8 +10,46 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .errors import EXIT_RUNTIME, MtpError, UsageError
 from .prompts import Item
 from .stats import RunStats
+
+
+def _target(path: str) -> tuple[str, str, bool]:
+    """(the file a link points to, a temporary name beside it, whether it is written in place: a device, a FIFO)."""
+    real = os.path.realpath(path)
+    folder, name = os.path.split(real)
+    return real, os.path.join(folder, f".{name}.{os.getpid()}.tmp"), os.path.exists(real) and not os.path.isfile(real)
+
+
+def check_writable(flag: str, path: str) -> None:
+    """Before the work: PATH can be written (its folder takes a new file), else one line naming FLAG (exit 2)."""
+    real, tmp, in_place = _target(path)
+    try:
+        if os.path.isdir(real):
+            raise IsADirectoryError(21, "is a folder")
+        if os.path.exists(real) and not os.access(real, os.W_OK):
+            raise PermissionError(13, "permission denied")
+        if not in_place:
+            open(tmp, "w").close()
+            os.unlink(tmp)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot be written ({e.strerror or e})") from None
+
+
+def write_file(flag: str, path: str, data: str | bytes) -> None:
+    """Write PATH whole or not at all: a temporary file in its folder, then os.replace, so a failed write (a full
+    disk) leaves the earlier file intact. A failure is one line naming FLAG (exit 1)."""
+    real, tmp, in_place = _target(path)
+    try:
+        with open(real if in_place else tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        if not in_place:
+            os.replace(tmp, real)
+    except OSError as e:
+        if not in_place and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise MtpError(f"{flag} {path}: not written ({e.strerror or e})", EXIT_RUNTIME) from None
 
 
 @dataclass

@@ -43,8 +43,7 @@ def watched(group, engine, requests: list) -> Iterator:
 
 
 def events(group, engine, requests: list) -> Iterator:
-    """This rank's share decoded, then on rank 0 every request's completion in input order (and every rank's
-    statistics in engine.runs)."""
+    """This rank's share decoded, then on rank 0 every completion in input order (every rank's stats: engine.runs)."""
     parts_of = shares(requests, group.size)
     done: dict[int, list] = {}
     error = None

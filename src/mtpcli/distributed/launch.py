@@ -1,6 +1,11 @@
 """`mtpcli launch`: MLX's own launcher (`mlx.launch`), run as it ships in a subprocess, starts the same command on
 every rank; each rank runs under `rank.py`, which reports how it ended. `mtpcli launch` exits with the worst rank's
-status (mlx.launch itself exits 0 when a rank fails) and one line names that rank."""
+status (mlx.launch itself exits 0 when a rank fails) and one line names that rank.
+
+mlx.launch runs in a process group of its own. Once a rank has failed (mlx.launch then stops the others) or
+`mtpcli launch` was interrupted (passed on to the group), every rank has KILL_AFTER seconds to end; what is left of
+the job then (a rank stopped with SIGSTOP, or stuck) gets SIGCONT and SIGKILL, and one line names the ranks that had
+not ended: mlx.launch alone would wait for them for ever."""
 
 from __future__ import annotations
 
@@ -8,13 +13,18 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
-from ..errors import UsageError
-from .rank import MARK
+from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_TERMINATED, UsageError
+from .rank import GRACE, MARK
+
+BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # what mlx.launch accepts
+KILL_AFTER = GRACE + 2.0  # seconds a rank has to end once the job is ending (rank.py kills its command after GRACE)
 
 
 def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None, python: str | None,
@@ -25,6 +35,8 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         raise UsageError("mtpcli launch: give --hosts or --hostfile, not both")
     if hostfile and not os.path.isfile(hostfile):
         raise UsageError(f"--hostfile {hostfile}: no such file")
+    if backend is not None and backend not in BACKENDS:
+        raise UsageError(f"--backend {backend}: not a backend of mlx.launch; choose one of {', '.join(BACKENDS)}")
     runner = shutil.which("mlx.launch") or os.path.join(os.path.dirname(sys.executable), "mlx.launch")
     py = python or sys.executable  # the Python that runs mtpcli (and so the rank wrapper) on every host
     if command[0] in commands:  # an mtpcli command: every rank runs `python -m mtpcli ...`
@@ -41,21 +53,61 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     for flag, value in (("--hosts", hosts), ("--hostfile", hostfile), ("--backend", backend)):
         if value:
             argv += [flag, value]
-    argv += ["--python", py, *extra, "--", "-m", "mtpcli.distributed.rank", *command]
+    argv += [*extra, "--", py, "-m", "mtpcli.distributed.rank", *command]  # (mlx.launch's --python: not for mpi)
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
         raise UsageError(f"mtpcli launch: cannot run MLX's launcher ({runner}): {e.strerror or e}") from None
     threading.Thread(target=_fill, args=(proc.stdin,), daemon=True).start()
     statuses: dict[int, tuple[int, bool]] = {}
-    relay = threading.Thread(target=_relay, args=(proc.stderr, statuses))
+    started: set[int] = set()
+    relay = threading.Thread(target=_relay, args=(proc.stderr, statuses, started))
     relay.start()
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:  # the ranks got the Ctrl-C too: they print what they committed, then end
-        code = proc.wait()
+    code, interrupted = _wait(proc, statuses, started)
     relay.join()
-    return worst(statuses) if statuses else code
+    if statuses:
+        return worst(statuses)
+    if not interrupted and code == 0:  # mlx.launch exits 0 when no rank ran at all (mpirun failing, for one)
+        print("mtpcli: error: no rank reported how it ended: the ranks did not start", file=sys.stderr, flush=True)
+    return interrupted or (128 - code if code < 0 else code) or EXIT_RUNTIME
+
+
+def _wait(proc: subprocess.Popen, statuses: dict, started: set) -> tuple[int, int]:
+    """mlx.launch's exit status once its process group has ended, and 128 + the signal that interrupted us (0: none)."""
+    deadline, interrupted, code = None, 0, None
+    while True:
+        try:
+            if code is None:
+                code = proc.wait(timeout=0.2)
+            elif not interrupted or not _signal(proc, 0):  # (mlx.launch dies of a SIGTERM before its ranks)
+                return code, interrupted
+            else:
+                time.sleep(0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (see cli.main): passed on to every rank
+            interrupted = e.args[0] if e.args else EXIT_INTERRUPTED
+            _signal(proc, signal.SIGTERM if interrupted == EXIT_TERMINATED else signal.SIGINT)
+            deadline = deadline or time.monotonic() + KILL_AFTER
+        if deadline is None and any(c != 0 and not stopped for c, stopped in list(statuses.values())):
+            deadline = time.monotonic() + KILL_AFTER  # a rank failed: mlx.launch stops the others
+        if deadline is not None and time.monotonic() > deadline:
+            left = sorted(started - set(statuses))
+            who = f"rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))}" if left else "the job"
+            print(f"mtpcli: error: {who} did not stop within {KILL_AFTER:g} s of the job ending (stopped with "
+                  "SIGSTOP, or stuck); killed", file=sys.stderr, flush=True)
+            _signal(proc, signal.SIGCONT)
+            _signal(proc, signal.SIGKILL)
+            return proc.wait(), interrupted
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> bool:
+    """Send `sig` to mlx.launch's process group (its ranks on this machine, the ssh to others); False if it is gone."""
+    try:
+        os.killpg(proc.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _fill(pipe) -> None:
@@ -67,13 +119,15 @@ def _fill(pipe) -> None:
         pipe.flush()
 
 
-def _relay(stream, statuses: dict) -> None:
+def _relay(stream, statuses: dict, started: set) -> None:
     """Copy the ranks' stderr to ours line by line, taking out the status lines of rank.py."""
     out, mark = sys.stderr.buffer, MARK.encode()
     for line in stream:
         line, found, status = line.rstrip(b"\n").partition(mark)
         parts = status.decode(errors="replace").split()
-        if len(parts) == 4 and parts[0].isdigit():
+        if parts[1:] == ["started"] and parts[0].isdigit():
+            started.add(int(parts[0]))
+        elif len(parts) == 4 and parts[0].isdigit():
             value = int(parts[2])
             statuses[int(parts[0])] = (-value if parts[1] == "signal" else value, parts[3] == "stopped")
         if line or not found:

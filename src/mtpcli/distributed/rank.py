@@ -1,5 +1,6 @@
 """What `mtpcli launch` runs on every rank: `python -m mtpcli.distributed.rank CMD...` runs CMD, then writes one
-status line on stderr, which mlx.launch relays (from this machine or over ssh) to `mtpcli launch`.
+status line on stderr, which mlx.launch relays (from this machine or over ssh) to `mtpcli launch` (and one line as
+it starts: `mtpcli launch` names the ranks that never ended).
 
 When one rank fails the launcher stops the others (SIGTERM here): it is passed on to CMD with a SIGCONT (a stopped
 CMD would never see it), and a CMD still alive GRACE seconds later is killed, so no rank keeps the job waiting."""
@@ -14,10 +15,12 @@ import sys
 import threading
 
 MARK = "mtpcli-rank-status:"
-GRACE = 5.0
+GRACE = 3.0
 
 
 def main(argv: list[str]) -> int:
+    rank = next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "?")
+    os.write(2, f"{MARK} {rank} started\n".encode())
     child = subprocess.Popen(argv)
     stopped = threading.Event()
 
@@ -26,13 +29,14 @@ def main(argv: list[str]) -> int:
         for sig in (signum, signal.SIGCONT):
             with contextlib.suppress(OSError):
                 child.send_signal(sig)
-        threading.Timer(GRACE, lambda: child.poll() is None and child.kill()).start()
+        timer = threading.Timer(GRACE, lambda: child.poll() is None and child.kill())
+        timer.daemon = True  # (a CMD that ends sooner does not keep this wrapper GRACE seconds)
+        timer.start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a Ctrl-C reaches CMD itself: its process group is ours)
     code = child.wait()
-    rank = next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "?")
     how = f"signal {-code}" if code < 0 else f"exit {code}"
     os.write(2, f"{MARK} {rank} {how} {'stopped' if stopped.is_set() else 'own'}\n".encode())
     return 128 - code if code < 0 else code

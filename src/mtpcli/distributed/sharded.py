@@ -17,7 +17,7 @@ from .. import assemble, models
 from ..controller import FixedWidth
 from ..drafters import Draft, Drafter
 from ..engine import Engine
-from ..errors import ModelError, MtpError
+from ..errors import ModelError
 from ..verify import Judged, Verdict
 
 
@@ -46,8 +46,6 @@ def load_target(name: str, mode: str, group):
             kind = "unknown type"
         raise ModelError(f"--distributed {mode}: cannot shard model '{name}' ({kind}): {e}; "
                          f"try --distributed {'pipeline' if mode == 'tensor' else 'tensor'} or data") from None
-    except MtpError:
-        raise
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
         raise ModelError(f"cannot load target model '{name}' sharded over the group: "
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
@@ -87,9 +85,7 @@ class Wire:
         if m.verdict is not None:
             n_acc[: len(m.verdict[0])], token[: len(m.verdict[1])] = m.verdict
         if m.lengths is not None:
-            rows, k = m.tokens.shape
-            if k > self.width or rows > self.rows:
-                raise RuntimeError(f"draft of {m.tokens.shape} exceeds the message ({self.rows} rows x {self.width})")
+            rows, k = m.tokens.shape  # (never more than the message holds: rank 0's batch and widest draft)
             head[2:] = k, self.sources.index(m.source) if m.source in self.sources else 0
             lengths[:rows], tokens[:rows, :k] = m.lengths, m.tokens
         return buf.tolist()
@@ -114,8 +110,10 @@ class Peer:
         self.pending = None  # rank 0: the verdict not sent yet
         self.stash: Message | None = None  # other ranks: the drafts that came with the last verdict
 
-    def _send(self, m: Message) -> None:
-        self.g.bcast(self.wire.pack(m), self.wire.size, "sending the verdict and drafts")
+    def _send(self, *drafts) -> None:
+        """The verdict not sent yet, with these drafts (lengths, tokens, source) if any."""
+        self.g.bcast(self.wire.pack(Message(self.pending, *drafts)), self.wire.size, "sending the verdict and drafts")
+        self.pending = None
 
     def _receive(self) -> Message:
         return self.wire.unpack(self.g.bcast(None, self.wire.size, "waiting for rank 0's verdict and drafts"))
@@ -125,8 +123,7 @@ class Peer:
         if self.in_graph:
             return draft, source
         if self.g.root:
-            self._send(Message(self.pending, draft.lengths, np.array(draft.tokens), source))
-            self.pending = None
+            self._send(draft.lengths, np.array(draft.tokens), source)
             return draft, source
         m, self.stash = self.stash, None
         if m is None:
@@ -168,8 +165,7 @@ class Peer:
         """Before a prefill (every rank must know which rows finished) and at the end: the verdict on its own."""
         self.g.watchdog.kick("prefill")
         if self.g.root and self.pending is not None:
-            self._send(Message(self.pending))
-            self.pending = None
+            self._send()
 
     end = prefill
 

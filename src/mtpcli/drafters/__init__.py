@@ -43,14 +43,6 @@ def empty(caps: list[int]) -> Draft:
     return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
 
 
-def deterministic(found: list[list[int]], chances: list[list[float]] | None = None) -> Draft:
-    """A draft of token lists found by lookup (no q: one-hot), padded to the longest; each row as long as its list."""
-    k = max(len(f) for f in found)
-    tokens = mx.array([f + [0] * (k - len(f)) for f in found], dtype=mx.int32).reshape(len(found), k)
-    lengths = [len(f) for f in found]
-    return Draft(tokens, None, lengths, lengths, chances)
-
-
 def passes(conf: float, greedy: bool) -> float:
     """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability), fitted
     on text that is not the benchmark's (docs/perf/cpu/draft-confidence.txt, by bench/draft_confidence.py at
@@ -69,8 +61,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     (a plain step would give each a token), the token just drawn is kept while that is at least `keep` (its
     verification's cost), and another step is taken only while it is at least `go_on` (a step's cost). The rows
     still drafting stop together (the batch's next step and its verify width are paid for all of them). All of it
-    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances` are the
-    unshifted ones."""
+    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []
@@ -83,10 +74,9 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
             t = mx.argmax(logits, axis=-1).astype(mx.int32)
             conf = mx.softmax(logits.astype(mx.float32), axis=-1)
         else:
-            q = probs(logits, sp)
+            conf = q = probs(logits, sp)
             t = mx.concatenate([sample(q[b], row_keys[b][j]).reshape(1) if j < caps[b] else
                                 mx.argmax(q[b]).reshape(1) for b in range(B)]).astype(mx.int32)
-            conf = q
             qs.append(q)
         if p_min > 0.0 or keep > 0.0 or go_on > 0.0:
             for b, c in enumerate(conf.max(axis=-1).tolist()):
@@ -139,6 +129,33 @@ class Drafter:
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
+
+
+class Lookup(Drafter):
+    """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `look(row,
+    context, k)` is a row's draft of up to k tokens and each token's estimated probability given the ones before."""
+
+    def add_rows(self, n: int) -> None:
+        self.rows += [self.new_row([]) for _ in range(n)]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[r] for r in rows]
+
+    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
+        self.rows[row] = self.new_row(prompt)
+
+    def available(self, contexts, k: int) -> list[Lookahead]:
+        """Each row's draft at width k as its tokens' estimates (what `auto` weighs, calibrated by how the row's
+        drafts fared: policy.AutoPolicy.shift), with its tokens; empty where there is none."""
+        return [Lookahead(*self.look(b, c, k)[::-1]) for b, c in enumerate(contexts)]
+
+    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
+        """The rows' drafts padded to the longest; each row as long as its own."""
+        found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
+        k = max(len(f) for f, _ in found)
+        tokens = mx.array([f + [0] * (k - len(f)) for f, _ in found], dtype=mx.int32).reshape(len(found), k)
+        lengths = [len(f) for f, _ in found]
+        return Draft(tokens, None, lengths, lengths, [c for _, c in found])
 
 
 class NoDraft(Drafter):

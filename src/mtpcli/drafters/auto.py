@@ -1,7 +1,6 @@
-"""Several draft sources behind the one protocol; each cycle the plan names the source that drafts (`draft = auto`,
-chosen by policy.AutoPolicy). Every source sees every row start and every commit, so the one that did not draft this
-cycle stays in step: a draft model catches up on the committed tokens the next time it drafts, an MTP head keeps
-collecting the target's hidden states."""
+"""`draft = auto`'s sources behind the one protocol; each cycle the plan (policy.AutoPolicy) names the one that drafts.
+Every source sees every row start and every commit, so one that did not draft stays in step: a draft model catches
+up on the committed tokens the next time it drafts, an MTP head keeps collecting the target's hidden states."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ class AutoDrafter(Drafter):
     name = "auto"
 
     def __init__(self, sources: dict[str, Drafter]):
-        if not sources:
-            raise ValueError("auto needs at least one draft source")
         self.sources = dict(sources)
         self.needs_hidden = any(d.needs_hidden for d in self.sources.values())
         rows = [d.max_rows for d in self.sources.values() if d.max_rows]

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import Draft, Drafter, Lookahead, deterministic
+from . import Lookup
 
 END, OUT, PAD = -1, -2, -3  # a document's end; where its output begins; before the start of a context
 LONG = 6  # the longer key: candidates that share the context's last 6 tokens, before those that share 2
@@ -89,6 +89,7 @@ class Own:
 
     def __init__(self, prompt: list[int]):
         self.tokens = np.array(list(prompt) + [OUT], np.int64)
+        self.memo: tuple = ()  # its last draft: (context length, k, store version, draft, estimates)
 
     def sync(self, context: list[int]) -> None:
         have = self.tokens.size - 1  # context tokens held
@@ -157,7 +158,7 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
     return draft, probs
 
 
-class HistoryDrafter(Drafter):
+class HistoryDrafter(Lookup):
     name = "history"
 
     def __init__(self, store, vocab: int | None = None):
@@ -169,19 +170,10 @@ class HistoryDrafter(Drafter):
         self.load_s = time.perf_counter() - t0  # reading the store and indexing it: paid once per run
         self.tiers: list[Corpus] = []  # this run's finished answers, in indexes of doubling sizes
         self.taken = 0  # session documents indexed so far
-        self.rows: list[Own | None] = []
-        self.memo: list[tuple] = []  # per row: (context length, k, store version, draft, estimates)
+        self.rows: list[Own] = []
 
-    def add_rows(self, n: int) -> None:
-        self.rows += [None] * n
-        self.memo += [()] * n
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
-        self.memo = [self.memo[r] for r in rows]
-
-    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        self.rows[row], self.memo[row] = Own(prompt), ()
+    def new_row(self, prompt: list[int]) -> Own:
+        return Own(prompt)
 
     def _corpora(self) -> list[Corpus]:
         """The store's index, then this run's answers: each new one joins the newest tier, and a tier that grows
@@ -201,10 +193,10 @@ class HistoryDrafter(Drafter):
     def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
         """Row `row`'s draft of up to k tokens and each token's estimated probability given the ones before it."""
         corpora = self._corpora()
-        memo, version = self.memo[row], self.taken
+        own, version = self.rows[row], self.taken
+        memo = own.memo
         if memo and memo[0] == len(context) and memo[1] >= k and memo[2] == version:
             return memo[3][:k], memo[4][:k]
-        own = self.rows[row]
         own.sync(context)
         query = own.tokens
         found = [(c.tokens, c.occurrences(query)) for c in corpora] + [(own.tokens, own.occurrences(query))]
@@ -212,14 +204,5 @@ class HistoryDrafter(Drafter):
         if self.vocab is not None:
             draft = draft[:next((i for i, t in enumerate(draft) if t >= self.vocab), len(draft))]
         probs = probs[:len(draft)]
-        self.memo[row] = (len(context), k, version, draft, probs)
+        own.memo = (len(context), k, version, draft, probs)
         return draft, probs
-
-    def available(self, contexts, k: int) -> list[Lookahead]:
-        """Each row's draft at width k as the estimated probability of each of its tokens given the ones before
-        (what `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift), with its tokens."""
-        return [Lookahead(*self.look(b, c, k)[::-1]) for b, c in enumerate(contexts)]
-
-    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
-        found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
-        return deterministic([f[0] for f in found], [f[1] for f in found])

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..cache import LM
 from ..sampling import SamplingParams
-from . import Draft, Drafter, autoregress, empty
+from . import Draft, Drafter, autoregress
 
 
 class ModelDrafter(Drafter):
@@ -35,8 +35,6 @@ class ModelDrafter(Drafter):
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
         self._proposed_from, self._fed = [len(c) for c in contexts], 0
-        if max(caps) == 0:
-            return empty(caps)
         pending = [c[int(p):] for c, p in zip(contexts, self.lm.pos)]  # committed, not yet cached
         m = max(len(p) for p in pending)
         x, valid = np.zeros((B, m), np.int32), np.zeros((B, m), bool)

@@ -48,8 +48,8 @@ class MtpDrafter(Drafter):
         self._committed = self.cache.offset
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
-        if caps[0] == 0 or self.pending is None:
-            return empty([0] * len(caps) if self.pending is None else caps)  # no pair yet: nothing was asked
+        if self.pending is None:
+            return empty([0] * len(caps))  # no pair yet: nothing was asked
         parts, tokens = self.pending
         self.pending = None
         hidden = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
@@ -69,8 +69,7 @@ class MtpDrafter(Drafter):
         return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
 
     def commit(self, contexts, n_accepted, hidden: mx.array | None = None) -> None:
-        """Cut the speculative entries; the new pairs are the verified positions 0..n_accepted with the
-        tokens committed after them (the last n_accepted + 1 of the context)."""
+        """Cut the speculative entries; the new pairs: positions 0..n_accepted, the last n_accepted + 1 tokens."""
         if self.pending is None:  # the proposal consumed the pending pairs (if there were any)
             self.cache.trim(self.cache.offset - self._committed)
             prev_h, prev_t = None, []

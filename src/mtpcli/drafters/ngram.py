@@ -14,11 +14,10 @@ code by ~14%): better an n-gram draft skipped than one verified for nothing.
 
 from __future__ import annotations
 
-from . import Draft, Drafter, Lookahead, deterministic
+from . import Lookup
 
 MAX_MATCH = 32  # longest true match measured
-# bench/ngram_calibrate.py at b092569 (the standard library and /usr/share/doc, not the benchmark): 8 fits best;
-# 10 leans under
+# bench/ngram_calibrate.py at b092569 (stdlib and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
 PSEUDO, POWER = 10.0, 1.5
 
 
@@ -35,9 +34,8 @@ class Index:
         self.done = {n: 0 for n in self.tables}  # positions indexed so far, per n
 
     def find(self, context: list[int]) -> tuple[int, int] | None:
-        """(end, m): the latest earlier occurrence of the context's last n tokens (longest n first) ends before
-        `end`, and m tokens before `end` equal the context's last m (the true match, n or more, up to MAX_MATCH).
-        None without a match."""
+        """(end, m), or None without a match: the latest earlier occurrence of the context's last n tokens (longest
+        n first) ends before `end`, and m tokens before `end` equal the context's last m (n or more, <= MAX_MATCH)."""
         for n, table in self.tables.items():
             # index every start i whose n-gram has a continuation inside the context: i + n < len(context)
             for i in range(self.done[n], len(context) - n):
@@ -61,30 +59,15 @@ class Index:
         return draft, estimates(found[1], len(draft))
 
 
-class NgramDrafter(Drafter):
+class NgramDrafter(Lookup):
     name = "ngram"
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
-        if not 1 <= n_min <= n_max:
-            raise ValueError(f"ngram_min ({n_min}) must be >= 1 and <= ngram_max ({n_max})")
         self.n_min, self.n_max = n_min, n_max
         self.rows: list[Index] = []
 
-    def add_rows(self, n: int) -> None:
-        self.rows += [Index(self.n_min, self.n_max) for _ in range(n)]
+    def new_row(self, prompt: list[int]) -> Index:
+        return Index(self.n_min, self.n_max)
 
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
-
-    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        self.rows[row] = Index(self.n_min, self.n_max)
-
-    def available(self, contexts, k: int) -> list[Lookahead]:
-        """Each row's draft at width k as each token's estimated probability given the ones before it (what
-        `auto` weighs, calibrated by how the row's drafts fared: policy.AutoPolicy.shift), with its tokens; empty
-        where there is no match."""
-        return [Lookahead(*ix.look(c, k)[::-1]) for ix, c in zip(self.rows, contexts)]
-
-    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
-        found = [ix.look(c, k) if k > 0 else ([], []) for ix, c, k in zip(self.rows, contexts, caps)]
-        return deterministic([f[0] for f in found], [f[1] for f in found])
+    def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        return self.rows[row].look(context, k)

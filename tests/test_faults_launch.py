@@ -1,0 +1,135 @@
+"""Faults around `mtpcli launch` and signals (issue 31): a stopped rank ends the whole job in bounded time and is
+named; a bad --backend is one line naming its choices, before MLX's launcher starts; SIGTERM ends `generate` like
+Ctrl-C (what was committed, the statistics so far, the run-log row) with exit code 143."""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TIMEOUT = 6  # --distributed-timeout of the stopped-rank run
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """A tiny qwen2 target (a family that shards over ranks) with room for thousands of tokens."""
+    from tiny import make_model
+
+    return make_model(tmp_path_factory.mktemp("qwen") / "target", model_type="qwen2", max_positions=4096)
+
+
+def _tree(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc)."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                kids.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        out += kids.get(todo[0], [])
+        todo += kids.get(todo.pop(0), [])
+    return out
+
+
+def _rank(pid: int) -> int | None:
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the ranks through /proc")
+def test_a_stopped_rank_ends_the_job_within_the_timeout_and_is_named(qwen, tmp_path):
+    from mtpcli.distributed.launch import KILL_AFTER
+
+    slack = KILL_AFTER + 5  # seconds past the timeout: the ranks' time to end, the watchdog's tick, a loaded machine
+    env = {**os.environ, "MTPCLI_NO_LOG": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-m", "mtpcli", "launch", "-n", "2", "--backend", "ring", "--",
+                          "generate", "-m", str(qwen), "-p", "the sea is ", "--temp", "0", "--max-tokens", "4000",
+                          "--draft", "none", "--distributed", "tensor", "--distributed-timeout", str(TIMEOUT)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                         cwd=tmp_path)
+    victims = []
+    try:
+        assert select.select([p.stdout], [], [], 120)[0] and p.stdout.read(1)  # rank 0 is decoding
+        victims = [c for c in _tree(p.pid) if _rank(c) == 1]  # rank 1 whole: its wrapper and the command under it
+        assert len(victims) >= 2
+        for v in victims:
+            os.kill(v, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=TIMEOUT + slack + 20)  # the test itself never hangs
+        elapsed = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for v in victims:  # a fix that fails leaves no stopped process behind
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(v, sig)
+                except OSError:
+                    pass
+    err = err.decode()
+    assert elapsed < TIMEOUT + slack, (elapsed, err)
+    assert p.returncode not in (0, None) and "Traceback" not in err
+    assert "mtpcli: error: rank 1 did not stop" in err, err
+    time.sleep(0.5)
+    assert not [v for v in victims if _state(v) not in (None, "Z")]  # the stopped rank was killed, not left behind
+
+
+def test_a_bad_backend_is_one_line_naming_the_choices(cli):
+    r = cli("launch", "--backend", "x", "-n", "2", "--", "generate", "-p", "hi", env={"NO_COLOR": "1"}, timeout=60)
+    assert r.returncode == 2
+    err = r.stderr.decode()
+    assert len(err.strip().splitlines()) == 1 and "\x1b" not in err, err
+    assert err.startswith("mtpcli: error: --backend x:") and all(b in err for b in ("ring", "mpi", "nccl", "jaccl"))
+
+
+def test_sigterm_prints_what_was_committed_then_stats_and_logs_the_run_exit_143(qwen):
+    from mtpcli import runlog
+
+    p = subprocess.Popen([sys.executable, "-m", "mtpcli", "generate", "--model", str(qwen),
+                          "--max-tokens", "4000", "--no-chat", "--prompt", "abc"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        os.set_blocking(p.stdout.fileno(), False)
+        got = b""
+        deadline = time.time() + 60
+        while len(got) < 20 and time.time() < deadline:
+            got += p.stdout.read() or b""
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = err.decode()
+    assert p.returncode == 143, err
+    assert "Traceback" not in err and "generated_tokens:" in err and "after" in err
+    assert len(got + out) >= 20
+    rows = runlog.query()
+    assert len(rows) == 1 and rows[0]["status"] == 143
+
+
+def test_a_job_whose_ranks_never_started_fails_with_one_line(cli, qwen):
+    """mlx.launch exits 0 when no rank wrapper ran (here: no such interpreter; mpirun failing is the same hole)."""
+    r = cli("launch", "-n", "2", "--python", "/nonexistent/python", "--", "generate", "-p", "hi", "--model", qwen,
+            timeout=60)
+    assert r.returncode == 1
+    assert "mtpcli: error: no rank reported how it ended" in r.stderr.decode()
