@@ -71,37 +71,3 @@ def test_fixed_width_records_history():
     f = FixedWidth(4, batch=2)
     f.update([4, 4], [1, 4])
     assert f.width() == 4 and f.history == [[4], [4]]
-
-
-def test_cost_aware_prefers_long_drafts_when_acceptance_is_high_and_drafting_cheap():
-    from mtpcli.controller import CostAwareController
-
-    c = CostAwareController(n_min=1, n_max=8)
-    for _ in range(30):
-        c.update([8], [8], seconds=1.0 + 0.01 * 8)
-        c.update([2], [2], seconds=1.0 + 0.01 * 2)
-    assert c.width() == 8
-
-
-def test_cost_aware_backs_off_when_late_positions_fail_and_drafting_costs():
-    from mtpcli.controller import CostAwareController
-
-    c = CostAwareController(n_min=1, n_max=8)
-    for _ in range(40):
-        c.update([6], [1], seconds=1.0 + 0.3 * 6)  # only the first draft token ever survives
-        c.update([2], [1], seconds=1.0 + 0.3 * 2)
-    acc = c.acceptance()
-    assert acc[0] > 0.9 and acc[1] < 0.1
-    assert acc[3] == c.prior  # never reached: the prior, not a false zero (censoring)
-    assert c.width() == 1
-
-
-def test_cost_aware_batch_shares_one_width():
-    from mtpcli.controller import CostAwareController
-
-    c = CostAwareController(n_min=1, n_max=6, batch=2)
-    for _ in range(10):
-        w = c.width()
-        c.update([w, w], [w, 0], seconds=1.0)
-    assert c.history[0] == c.history[1]
-    assert c.acceptance(0)[0] > c.acceptance(1)[0]

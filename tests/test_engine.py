@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mtpcli import verify
-from mtpcli.controller import CostAwareController, EmaController, FixedWidth
+from mtpcli.controller import EmaController, FixedWidth
 from mtpcli.drafters import NoDraft
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
@@ -49,8 +49,6 @@ def test_greedy_speculative_equals_plain_decoding(tiny, prompt):
     assert adaptive == plain
     ngram, _ = decode(tiny, prompt, draft="ngram", max_tokens=48)
     assert ngram == plain
-    cost, _ = decode(tiny, prompt, controller=CostAwareController(1, 6), max_tokens=48)
-    assert cost == plain
 
 
 def test_same_seed_same_output_and_seed_matters(tiny):

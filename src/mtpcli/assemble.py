@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 from . import history, models, runlog
 from .config import Config
-from .controller import CostAwareController, EmaController, FixedWidth, WidthPolicy
+from .controller import EmaController, FixedWidth, WidthPolicy
 from .drafters import Drafter, NoDraft
 from .drafters.auto import AutoDrafter
 from .drafters.history import HistoryDrafter
@@ -29,11 +29,9 @@ def decode_config(cfg: Config) -> DecodeConfig:
 
 
 def width_policy(cfg: Config) -> WidthPolicy:
-    """One source's width: fixed, or adaptive (the censoring-aware EMA, or the cost-aware controller)."""
+    """One source's width: fixed, or adaptive (the censoring-aware EMA)."""
     if cfg.draft == "none":
         return FixedWidth(0)
-    if cfg.adaptive and cfg.controller == "cost":
-        return CostAwareController(cfg.n_min, cfg.n_max)
     if cfg.adaptive:
         return EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init)
     return FixedWidth(cfg.num_draft_tokens)

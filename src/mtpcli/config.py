@@ -77,8 +77,6 @@ class Config:
                              _rng(0.0, 1.0, lo_open=True), "(0, 1]")
     adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
                          flag="--spec-draft-adaptive")
-    controller: str = key("ema", "Adaptive width policy: ema (censoring-aware EMA) or cost (tokens per second).",
-                          _choice("ema", "cost"), "one of ema, cost", "--spec-draft-controller")
     n_min: int = key(1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min")
     n_max: Optional[int] = key(None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, and "
                                "16 for the history's drafts when it is on).", _rng(1, 64), "1..64",
