@@ -40,3 +40,15 @@ def test_bench_prompt_sources(tmp_path):
     shipped = prompts.bench_set(None)  # without --prompts: the content classes shipped with the package
     assert len(shipped) >= 7 and {"tool_calls", "rename", "history"} <= {x.name for x in shipped}
     assert bench.fit_length([1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]
+
+
+def test_bench_progress_is_numbered_with_the_total_and_the_time_left(tiny_paths, tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "a.txt").write_text("abcabc")
+    (tmp_path / "p" / "b.txt").write_text("the sea is ")
+    lines = []
+    bench.bench(model=str(tiny_paths["target"]), draft_model=None, draft="ngram", profile_names=["exact"], seeds=2,
+                prompt_source=str(tmp_path / "p"), max_tokens=4, prompt_tokens=None, baselines=["ar"],
+                flags={"chat": False}, argv=["bench"], log=False, progress=lines.append)
+    assert [line.split(",")[0] for line in lines] == [f"[{i}/8" for i in range(1, 9)]  # 2 seeds x 2 prompts x 2 arms
+    assert lines[-1].startswith("[8/8, 0m00s left]") and all(" left] " in line for line in lines)

@@ -183,3 +183,10 @@ def test_a_bom_on_jsonl_line_1_is_accepted(tmp_path):
     src.write_bytes(b'\xef\xbb\xbf{"prompt": "abc"}\n{"prompt": "abd"}\n')
     items = prompts.read_jsonl(str(src))
     assert [(it.text, it.error) for it in items] == [("abc", None), ("abd", None)]
+
+
+def test_a_byte_order_mark_on_a_prompt_file_or_stdin_is_not_part_of_the_prompt(tmp_path):
+    from mtpcli.prompts import decode
+
+    assert decode(b"\xef\xbb\xbfdef f():", "p.txt") == "def f():"  # as Notepad saves UTF-8
+    assert decode("héllo".encode(), "p.txt") == "héllo"

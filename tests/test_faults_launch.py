@@ -133,3 +133,16 @@ def test_a_job_whose_ranks_never_started_fails_with_one_line(cli, qwen):
             timeout=60)
     assert r.returncode == 1
     assert "mtpcli: error: no rank reported how it ended" in r.stderr.decode()
+
+
+def test_an_interrupted_job_whose_rank_had_to_be_killed_is_not_a_success(tmp_path):
+    """Rank 0 ends 0, rank 1 ignores the Ctrl-C: the launcher kills it, names it, and exits non-zero."""
+    script = 'if [ "$MLX_RANK" = 0 ]; then exit 0; else trap "" INT TERM; sleep 60; fi'
+    p = subprocess.Popen([sys.executable, "-m", "mtpcli", "launch", "-n", "2", "--", "bash", "-c", script],
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path,
+                         env={**os.environ, "MTPCLI_NO_LOG": "1"})
+    time.sleep(6)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0, err.decode()
+    assert "rank 1 did not stop" in err.decode()

@@ -149,8 +149,16 @@ def _full_disk(monkeypatch, folder):
         inside = isinstance(file, (str, os.PathLike)) and os.path.dirname(os.path.abspath(file)) == str(folder)
         return Full(f) if inside and ("w" in mode or "a" in mode) else f
 
+    real_fdopen = os.fdopen
+
+    def fake_fdopen(fd, mode="r", *a, **k):  # (a temporary file made with mkstemp)
+        f = real_fdopen(fd, mode, *a, **k)
+        inside = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) == str(folder)
+        return Full(f) if inside and ("w" in mode or "a" in mode) else f
+
     monkeypatch.setattr("builtins.open", fake)
     monkeypatch.setattr(io, "open", fake)
+    monkeypatch.setattr(os, "fdopen", fake_fdopen)
 
 
 def _main(monkeypatch, capsys, *args):
@@ -257,3 +265,36 @@ def test_stats_and_history_read_an_intact_store_in_a_read_only_folder(monkeypatc
     code, out, err = _main(monkeypatch, capsys, "history", "stats", "--json")
     assert code == 0 and json.loads(out)["tokenizers"][0]["docs"] == 1, err
     assert history.Store("tok").load().docs  # the history drafter reads it too
+
+
+def test_result_files_may_be_devices_and_keep_their_mode(tmp_path):
+    import stat
+
+    from mtpcli.writers import check_writable, write_file
+
+    check_writable("--stats-json", "/dev/stdout")  # a pipe or a terminal, written in place
+    write_file("--stats-json", "/dev/null", "{}")
+    kept = tmp_path / "s.json"
+    kept.write_text("{}")
+    kept.chmod(0o600)
+    write_file("--stats-json", str(kept), '{"a": 1}')
+    assert kept.read_text() == '{"a": 1}' and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temporary file left
+
+
+def test_stats_json_is_written_even_when_stderr_and_stdout_are_closed(tiny_paths, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "s.json"
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "mtpcli", "generate", "--model", str(tiny_paths["target"]),
+                            "--no-chat", "--max-tokens", "6", "-p", "abcabc", "--stats-json", str(out)],
+                           stdout=w, stderr=w, stdin=subprocess.DEVNULL, cwd=tmp_path, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141
+    assert json.loads(out.read_text())["generated_tokens"] >= 1

@@ -41,7 +41,7 @@ def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False)
     """The history store of this tokenizer (history.Store; the history drafter reads it); None when it is off."""
     if not cfg.history:
         return None
-    return history.Store(history.tokenizer_key(target.tokenizer), str(cfg.model),
+    return history.Store(history.tokenizer_key(target.tokenizer), models.canonical(str(cfg.model)),
                          max(1, int(cfg.history_max_mb * (1 << 20))), keep_prompts)
 
 
@@ -88,7 +88,8 @@ def costs_key(cfg: Config, batch_size: int) -> str:
     """Cycle costs are kept per target, draft model, machine, sampling (greedy or not) and batch size bucket."""
     info = mx.device_info()
     bucket = 1 << (max(batch_size, 1).bit_length() - 1)
-    return "|".join([str(cfg.model), str(cfg.draft_model or "-"), platform.node(), str(mx.default_device()),
+    draft = models.canonical(cfg.draft_model) if cfg.draft_model else "-"
+    return "|".join([models.canonical(str(cfg.model)), draft, platform.node(), str(mx.default_device()),
                      str(info.get("device_name", "")), "greedy" if cfg.temp == 0 else "sampled", f"B{bucket}"])
 
 

@@ -25,7 +25,6 @@ class Arm:
     cfg: config.Config
     kind: str = "mtpcli"  # mtpcli | mlx-lm
     runs: dict[int, list[RunStats]] = field(default_factory=dict)  # seed -> one RunStats per prompt
-    steady: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # seed -> (tokens, s) after cycle 1
     outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -34,16 +33,14 @@ def fit_length(ids: list[int], n: int | None) -> list[int]:
 
 
 def run_mtpcli(cfg: config.Config, target, draft, prompt: list[int], seed: int, max_tokens: int):
-    """(statistics, tokens, (tokens, seconds) after the first cycle)."""
+    """(statistics, tokens)."""
     cfg = replace(cfg, seed=seed, max_tokens=max_tokens)
     engine = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
     mx.reset_peak_memory()
-    tokens, first = [], None
+    tokens = []
     for ev in engine.generate([Request(0, prompt, max_tokens, seed)]):
         tokens.extend(ev.tokens)
-        if first is None:
-            first = (len(tokens), time.perf_counter())
-    return engine.stats, tokens, (len(tokens) - first[0], time.perf_counter() - first[1])
+    return engine.stats, tokens
 
 
 def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, max_tokens: int):
@@ -55,7 +52,7 @@ def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, 
     sampler = make_sampler(temp=cfg.temp, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p)
     st = RunStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt))
     t0 = time.perf_counter()
-    tokens, last_draft_run, first_cycle = [], 0, None
+    tokens, last_draft_run = [], 0
     kw = dict(draft_model=draft.model, num_draft_tokens=width) if draft is not None else {}
     for r in stream_generate(target.model, target.tokenizer, mx.array(prompt), max_tokens=max_tokens,
                              sampler=sampler, **kw):
@@ -66,18 +63,15 @@ def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, 
         if r.from_draft:
             last_draft_run += 1
         else:  # a target token ends a cycle: the drafts before it were accepted
-            if first_cycle is None:
-                first_cycle = (len(tokens), time.perf_counter())
             st.record_cycle(width if draft is not None else 0, last_draft_run, last_draft_run + 1, "mlx-lm")
             last_draft_run = 0
         if r.finish_reason:
             break
     if last_draft_run:
         st.record_cycle(width, last_draft_run, last_draft_run, "mlx-lm")
-    st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)
+    st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)  # decode time after the prompt, as mtpcli's
     st.peak_memory_bytes = mx.get_peak_memory()
-    first_cycle = first_cycle or (len(tokens), time.perf_counter())
-    return st, tokens, (len(tokens) - first_cycle[0], time.perf_counter() - first_cycle[1])
+    return st, tokens
 
 
 def spread(values) -> dict[str, float] | None:
@@ -87,10 +81,10 @@ def spread(values) -> dict[str, float] | None:
 
 def summarize(arm: Arm) -> dict[str, Any]:
     per_seed = [RunStats.total(runs) for _, runs in sorted(arm.runs.items())]
-    # decode tok/s, alike for every arm: tokens after the first verify cycle over the time after it (TTFT has the rest)
-    steady = [sum(n for n, _ in runs) / max(sum(t for _, t in runs), 1e-9) for _, runs in sorted(arm.steady.items())]
-    out = {"arm": arm.name, "decode_tps": spread(steady)}
-    for k in ("tokens_per_cycle", "acceptance_rate", "prefill_tps", "ttft_s"):
+    # decode tok/s is RunStats.decode_tps, the one definition `mtpcli stats` shows too: committed tokens per second
+    # of decode time after the prompt (per seed, over its prompts; the arm's logged record: over every seed)
+    out = {"arm": arm.name}
+    for k in ("decode_tps", "tokens_per_cycle", "acceptance_rate", "prefill_tps", "ttft_s"):
         out[k] = spread([getattr(s, k) for s in per_seed])
     return {**out, "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
             "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
@@ -126,16 +120,17 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     for arm in arms:  # warm-up: compile, page in the weights, fill the allocator
         one(arm, encoded[0][1], 0, min(8, max_tokens))
     # interleaved: A B C, A B C, ... so drift hits every arm alike
-    for seed, (pname, ids), arm in itertools.product(range(seeds), encoded, arms):
-        st, toks, steady = one(arm, ids, seed, max_tokens)
+    total, t0 = seeds * len(encoded) * len(arms), time.perf_counter()
+    for i, (seed, (pname, ids), arm) in enumerate(itertools.product(range(seeds), encoded, arms), 1):
+        st, toks = one(arm, ids, seed, max_tokens)
         arm.runs.setdefault(seed, []).append(st)
-        arm.steady.setdefault(seed, []).append(steady)
         arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks, "text": target.tokenizer.decode(toks),
                             "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
                                                                   "decode_tps", "draft_width_hist")}})
         if progress:
-            progress(f"{arm.name} seed={seed} prompt={pname}: {steady[0] / steady[1]:.2f} tok/s, "
-                     f"{st.tokens_per_cycle:.2f} tokens/cycle")
+            left = (time.perf_counter() - t0) / i * (total - i)
+            progress(f"[{i}/{total}, {left // 60:.0f}m{left % 60:02.0f}s left] {arm.name} seed={seed} prompt={pname}: "
+                     f"{st.decode_tps:.2f} decode tok/s, {st.tokens_per_cycle:.2f} tokens/cycle")
     summaries = [summarize(a) for a in arms]
     base = summaries[0]["decode_tps"]["median"]
     for s in summaries:

@@ -19,24 +19,58 @@ from . import config, report  # noqa: E402
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# click's plain help (rich_markup_mode=None): rich's option table cuts long option names at 80 columns; click's
+# never does (a long name puts its help on the next line). -h is --help everywhere (subcommands inherit it).
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
+PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "context_settings": CONTEXT}
+app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, **PLAIN,
                   help="Speculative decoding for local MLX models, with the statistics of what it cost.")
-profile_app = typer.Typer(no_args_is_help=True, help="List, show, choose and validate TOML profiles.")
-models_app = typer.Typer(no_args_is_help=True, help="Known model aliases, the model cache, and checkpoints.")
-history_app = typer.Typer(no_args_is_help=True, help="The history store that the history drafter drafts from (--history).")
+profile_app = typer.Typer(**PLAIN, help="List, show, choose and validate TOML profiles.")
+models_app = typer.Typer(**PLAIN, help="Known model aliases, the model cache, and checkpoints.")
+history_app = typer.Typer(**PLAIN, help="The history store that the history drafter drafts from (--history).")
 app.add_typer(profile_app, name="profile")
 app.add_typer(models_app, name="models")
 app.add_typer(history_app, name="history")
 
 _global = {"profile": None}
 SHORT = {"model": ("-m",)}  # short aliases of settings options
+# The sections of `generate --help`, in this order; a settings key not named here goes under Options.
+PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefill_step"),
+          "Sampling": ("max_tokens", "temp", "top_p", "top_k", "min_p", "seed", "typical_threshold", "typical_eps"),
+          "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "history", "history_max_mb",
+                       "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),
+          "Output": ("format",), "Distributed": ("distributed", "distributed_timeout")}
+PANEL = {k: name for name, keys in PANELS.items() for k in keys}
+
+
+def _shown(k: config.Key) -> str:
+    """What help shows after a key's text: its allowed values and built-in default, as `[1..64; default: 4]`."""
+    default = None if k.default is None else ("on" if k.default else "off") if k.type is bool else k.default
+    parts = [k.allowed] * bool(k.allowed) + [f"default: {default}"] * (default is not None)
+    return f"  [{'; '.join(parts)}]" if parts else ""
 
 
 def _option(key: str):
     """The option of a settings key, named and explained by SCHEMA (a bool key takes --x/--no-x); None if not given."""
     k = SCHEMA[key]
     names = f"{k.option}/--no-{k.option[2:]}" if k.type is bool else k.option
-    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help, show_default=False)
+    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help + _shown(k), show_default=False,
+                        rich_help_panel=PANEL.get(key))
+
+
+class _Sections(typer.core.TyperCommand):
+    """click's plain help, its options in sections by `rich_help_panel` (PANELS' order), then the rest."""
+
+    def format_options(self, ctx, formatter):
+        groups: dict[str, list] = {name: [] for name in ("Arguments", *PANELS, "Options")}
+        for param in self.get_params(ctx):
+            if (record := param.get_help_record(ctx)) is not None:
+                panel = "Arguments" if param.param_type_name == "argument" else param.rich_help_panel
+                groups[panel if panel in groups else "Options"].append(record)
+        for name, records in groups.items():
+            if records:
+                with formatter.section(name):
+                    formatter.write_dl(records)
 
 
 def _settings(*keys: str, after: str):
@@ -62,25 +96,35 @@ def _confirm(yes: bool, what: str, question: str) -> None:
             raise typer.Exit(1)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"mtpcli {version('mtpcli')}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile for this call (any command).")):
+def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile for this call (any command)."),
+          _v: bool = typer.Option(False, "--version", is_eager=True, callback=_version, help="Print the version.")):
     _global["profile"] = profile
 
 
-@app.command()
+@app.command(cls=_Sections)
 @_settings(*SCHEMA, after="profile")
 def generate(
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: stdin)."),
-    prompt_file: Optional[List[str]] = typer.Option(None, "--prompt-file", help="Read the whole prompt from a file; - is stdin. Repeat it, or give a folder (its *.txt files), to decode several prompts as one batch."),
-    prompts_jsonl: Optional[str] = typer.Option(None, "--prompts-jsonl", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\" and \"seed\"."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Rows decoded together with several prompts (default: all, capped by memory); finished rows are refilled."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Profile (overrides the default profile)."),
-    num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, help="Independent completions of the prompt (prefilled once)."),
-    separator: str = typer.Option("\n\n", "--separator", help="Text between completions in text format."),
-    stats_json: Optional[str] = typer.Option(None, "--stats-json", help="Write the run's statistics and settings as JSON to this file."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the statistics table on stderr."),
-    no_log: bool = typer.Option(False, "--no-log", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
+    text: Optional[str] = typer.Argument(None, metavar="PROMPT", show_default=False, help="Prompt text, as -p/--prompt."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", rich_help_panel="Prompt", help="Prompt text (default: stdin)."),
+    prompt_file: Optional[List[str]] = typer.Option(None, "--prompt-file", rich_help_panel="Prompt", help="Read the whole prompt from a file; - is stdin. Repeat it, or give a folder (its *.txt files), to decode several prompts as one batch."),
+    prompts_jsonl: Optional[str] = typer.Option(None, "--prompts-jsonl", rich_help_panel="Prompt", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\" and \"seed\"."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, rich_help_panel="Prompt", help="Rows decoded together with several prompts (default: all, capped by memory); finished rows are refilled."),
+    profile: Optional[str] = typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."),
+    num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, rich_help_panel="Output", help="Independent completions of the prompt (prefilled once)."),
+    separator: str = typer.Option("\n\n", "--separator", rich_help_panel="Output", show_default=r"\n\n", help="Text between completions in text format."),
+    stats_json: Optional[str] = typer.Option(None, "--stats-json", rich_help_panel="Output", help="Write the run's statistics and settings as JSON to this file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Hide the statistics table on stderr."),
+    no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
     **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
@@ -88,6 +132,9 @@ def generate(
     from . import prompts
     from .distributed import refuse_stdin
 
+    if text is not None and prompt is not None:
+        raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt, not both")
+    prompt = text if prompt is None else prompt
     cfg = config.resolve(profile or _global["profile"], flags)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
@@ -124,28 +171,41 @@ def launch(
 
 @app.command()
 def stats(
-    last: Optional[int] = typer.Option(None, "--last", min=1, help="A table of the N most recent runs."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, help="The N most recent runs: their table (with ids), or with --by / --compare / --export the view over them."),
     by: Optional[str] = typer.Option(None, "--by", help="Aggregate by profile, model, draft or source (what each draft source contributed)."),
-    compare: Optional[List[str]] = typer.Option(None, "--compare", help="Two profiles or two run ids (give --compare twice).") ,
+    compare: Optional[List[str]] = typer.Option(None, "--compare", help="Two profiles or two run ids (give --compare twice); profiles compare within one model (--model picks it when the runs span several)."),
+    run: Optional[int] = typer.Option(None, "--run", min=1, help="One run in full (and its --plot), by the id `stats --last` lists (default: the last run)."),
     since: Optional[str] = typer.Option(None, "--since", help="Only runs since a duration ago (2h, 7d) or an ISO date."),
     model: Optional[str] = typer.Option(None, "--model", help="Only runs of this model."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Only runs of this profile."),
     file: Optional[str] = typer.Option(None, "--file", help="Render a --stats-json file instead of the log."),
-    plot: Optional[str] = typer.Option(None, "--plot", help="Also write the charts to this PNG (needs matplotlib)."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Also write one run's charts to this PNG: the last, or --run ID (needs matplotlib)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     clear: bool = typer.Option(False, "--clear", help="Delete every record (asks on a terminal; --yes otherwise)."),
     yes: bool = typer.Option(False, "--yes", help="Confirm --clear without asking."),
     export: Optional[str] = typer.Option(None, "--export", help="Export records; the only format is jsonl."),
 ):
-    """The run log: the last run in full, recent runs, aggregates and comparisons."""
+    """The run log: the last run (or --run ID) in full, recent runs, aggregates and comparisons. decode tok/s
+    (decode_tps) is committed tokens per second of decode time after the prompt, as in `mtpcli bench`."""
+    if yes and not clear:
+        raise UsageError("--yes confirms --clear, and there is no --clear")
     if clear:
         from . import runlog
 
+        views = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
+                 "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export}
+        other = next((k for k, v in views.items() if v), None)
+        if other:
+            raise UsageError(f"--clear and {other} together: --clear deletes every record and shows nothing")
         _confirm(yes, "--clear", "Delete every record in the run log?")
         print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
         return
+    if model:  # logged as models.canonical names it: a folder by its absolute path
+        from .models import canonical
+
+        model = canonical(model)
     report.show(last=last, by=by, compare=compare, since=since, model=model, profile=profile, file=file, plot=plot,
-                as_json=as_json, export=export)
+                as_json=as_json, export=export, run=run)
 
 
 # ---- profiles ----------------------------------------------------------------------------------
@@ -219,7 +279,9 @@ def bench_cmd(
     no_log: bool = typer.Option(False, "--no-log", help="Do not log the arms to the run log."),
     **flags,
 ):
-    """Compare arms (profiles and baselines) on the same prompts and seeds; prints ratios to the first arm."""
+    """Compare arms (profiles and baselines) on the same prompts and seeds; prints ratios to the first arm. decode
+    tok/s is committed tokens per second of decode time after the prompt (decode_tps, as `mtpcli stats` shows it),
+    median [min-max] over seeds; `mtpcli stats` shows an arm's logged record over all its seeds."""
     from . import bench as b
     from .writers import check_writable, write_file
 
@@ -232,12 +294,11 @@ def bench_cmd(
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
                      argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    if as_json:
-        print(json.dumps(result))
-    else:
-        b.render(result)
-    if out:
-        write_file("--out", out, json.dumps(result, indent=1))
+    try:
+        if out:  # first: a reader that closes stdout early loses no file
+            write_file("--out", out, json.dumps(result, indent=1))
+    finally:  # the table, whether or not the file could be written
+        print(json.dumps(result)) if as_json else b.render(result)
 
 
 # ---- history -----------------------------------------------------------------------------------
@@ -270,11 +331,31 @@ def models_list():
     from .gguf_convert import cache_dir
     from .stats import table
 
-    rows = [[a.name, "yes" if fetch.is_cached(a.name) else "no", a.description] for a in fetch.ALIASES.values()]
-    rows += [[p.name, "yes", "converted GGUF file"] for p in sorted(cache_dir().glob("gguf-*"))
-             if (p / "config.json").is_file()]  # (none where the cache is not there yet)
-    table(["name", "cached", "what"], rows)
-    print(f"cache: {cache_dir()}", file=sys.stderr)
+    cached = fetch.cached()  # (none where the cache is not there yet)
+    sizes = {name: fetch.disk_size(folder) for name, folder in cached.items()}
+    rows = [[a.name, "yes" if a.name in cached else "no", fetch.human_size(sizes[a.name]) if a.name in cached else "",
+             a.description] for a in fetch.ALIASES.values()]
+    rows += [[name, "yes", fetch.human_size(sizes[name]), "converted GGUF file"] for name in cached
+             if name not in fetch.ALIASES]
+    table(["name", "cached", "size", "what"], rows)
+    print(f"cache: {cache_dir()} ({fetch.human_size(sum(sizes.values()))} in all)", file=sys.stderr)
+
+
+@models_app.command("rm")
+def models_rm(names: List[str] = typer.Argument(..., help="Cached models to delete (names as models list shows)."),
+              yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+    """Delete converted models from the cache (asks on a terminal; --yes otherwise)."""
+    from . import fetch
+
+    cached = fetch.cached()
+    for name in names:
+        if name not in cached:
+            raise UsageError(f"'{name}' is not in the model cache {fetch.cache_dir()} (see mtpcli models list)")
+    sizes = {name: fetch.human_size(fetch.disk_size(cached[name])) for name in names}
+    _confirm(yes, "models rm", "Delete " + ", ".join(f"{n} ({sizes[n]})" for n in dict.fromkeys(names)) + "?")
+    for name in dict.fromkeys(names):
+        fetch.remove(name)
+        print(f"removed {name} ({sizes[name]}, {cached[name]})", file=sys.stderr)
 
 
 @models_app.command("pull")
@@ -353,7 +434,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         try:
-            code = app(standalone_mode=False)
+            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from _fast_blas)
             sys.stdout.flush()  # a reader that left shows here, not at the interpreter's exit
         except SystemExit:  # click ends a command whose stdout closed with exit 1, its streams made quiet
             if type(sys.stdout).__name__ == "PacifyFlushWrapper":
@@ -373,7 +454,9 @@ def main() -> None:
         sys.exit(EXIT_PIPE)
     except Exception as e:  # click's usage errors (typer vendors click), then real bugs
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
-            if e.format_message():  # (no-args help has no message)
+            if type(e).__name__ == "NoArgsIsHelpError":  # a group with no command: its help, on stdout
+                print(e.format_message())
+            elif e.format_message():
                 print(f"mtpcli: error: {e.format_message()}", file=sys.stderr)
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":  # click's Ctrl-C (or our SIGTERM)

@@ -58,10 +58,9 @@ def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
 class Config:
     model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache).")
     draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target); implies draft = \"model\".")
-    draft: str = key("auto", "Draft source: model, ngram, mtp, history, none, or auto (each cycle the source and width "
-                     "0..n_max with the most expected tokens per second, over n-gram lookup, the draft model, MTP "
-                     "heads and the history; with a pinned num_draft_tokens or adaptive: the draft model, else MTP "
-                     "heads, else history when on, else ngram).", _choice(*SOURCES), "one of " + ", ".join(SOURCES))
+    draft: str = key("auto", "Draft source. auto: each cycle the source and width 0..n_max with the most expected "
+                     "tokens per second; with the width pinned (num_draft_tokens or adaptive): the draft model, else "
+                     "MTP heads, else history when on, else ngram.", _choice(*SOURCES), "one of " + ", ".join(SOURCES))
     num_draft_tokens: int = key(4, "Draft width: tokens drafted per verify cycle (setting it pins the width; draft = "
                                 "auto otherwise chooses it).", _rng(1, 64), "1..64")
     max_tokens: int = key(256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1")

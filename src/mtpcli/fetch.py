@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,42 @@ def cached_path(name: str) -> Path:
 
 def is_cached(name: str) -> bool:
     return (cached_path(name) / "config.json").is_file()
+
+
+def cached() -> dict[str, Path]:
+    """Every complete converted model folder in the cache, by name: the aliases' and the GGUF files' (gguf-*)."""
+    root = cache_dir()
+    folders = [root / a for a in ALIASES] + (sorted(root.glob("gguf-*")) if root.is_dir() else [])
+    return {p.name: p for p in folders if (p / "config.json").is_file()}
+
+
+def disk_size(folder: Path) -> int:
+    """Bytes a folder's files take (links not followed)."""
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""  # (unreachable)
+
+
+def remove(name: str) -> int:
+    """Delete the cached converted folder `name` (see cached); returns the bytes freed."""
+    folder = cached().get(name)
+    if folder is None:
+        raise ModelError(f"'{name}' is not in the model cache {cache_dir()} (see mtpcli models list)")
+    size = disk_size(folder)
+    trash = folder.with_name(f".{folder.name}.removing")  # first out of sight: a half-deleted folder never looks cached
+    try:
+        shutil.rmtree(trash, ignore_errors=True)
+        folder.rename(trash)
+        shutil.rmtree(trash)
+    except OSError as e:
+        raise ModelError(f"cannot remove {folder}: {e.strerror or e}") from None
+    return size
 
 
 def ensure(name: str, quiet: bool = False) -> Path:

@@ -19,7 +19,8 @@ from . import assemble, config, distributed, models, runlog
 from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
-from .gguf_convert import cache_dir
+from .gguf_convert import cache_dir, status as working
+from .policy import PRIOR_ACCEPT, Costs
 from .prompts import Item
 from .stats import RunStats, render
 from .writers import Completion, Writer, check_writable, write_file
@@ -42,7 +43,8 @@ class Options:
 
 
 def err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    with contextlib.suppress(BrokenPipeError):  # a closed stderr: nothing to tell, the run goes on to its log
+        print(msg, file=sys.stderr, flush=True)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -> list[int]:
@@ -122,11 +124,13 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
         opts = replace(opts, stats_json=None, log=False)
     if opts.stats_json:  # before the work
         check_writable("--stats-json", opts.stats_json)
-    target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
-        models.load(cfg.model, "target model")
+    with working(f"loading target model {cfg.model} ...", opts.quiet):  # (a terminal's only sign of life meanwhile)
+        target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
+            models.load(cfg.model, "target model")
     draft = None  # a sharded target's draft model: on rank 0
     if cfg.draft_model and cfg.draft in ("auto", "model") and (group.root or not group.sharded):
-        draft = models.load(cfg.draft_model, "draft model")
+        with working(f"loading draft model {cfg.draft_model} ...", opts.quiet):
+            draft = models.load(cfg.draft_model, "draft model")
         models.check_pair(target, draft)
     completions, requests, capped = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
     for c in completions:
@@ -162,6 +166,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     status = EXIT_PIPE if writer.closed else status
     if report(cfg, total, record, opts, len(items)) and status == 0:  # --stats-json was not written
         status = EXIT_RUNTIME
+    if group.root and (why := idle_draft_model(cfg, record)):  # (after the table, which shows the sources' shares)
+        err(why)
     failed = sum(1 for c in completions if c.item.error)
     if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         how = "terminated" if status == EXIT_TERMINATED else "interrupted"
@@ -171,8 +177,10 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     if failed and status == 0:
         err(f"mtpcli: {failed} of {len(items)} prompts failed (see their rows)")
         status = EXIT_RUNTIME
-    runlog.append_safely(command=opts.argv, settings=record["settings"], profile=cfg.profile, model=cfg.model,
-                         draft=cfg.draft_model or cfg.draft, stats=record, status=status, started=started,
+    runlog.append_safely(command=opts.argv, settings=record["settings"], profile=cfg.profile,
+                         model=models.canonical(cfg.model),  # a local folder: its absolute path, from any folder
+                         draft=models.canonical(cfg.draft_model) if cfg.draft_model else cfg.draft,
+                         stats=record, status=status, started=started,
                          prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
                          prompt_text=items[0].text if opts.log_prompts and opts.single else None, log=opts.log)
     return status
@@ -197,6 +205,38 @@ def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, si
         err(f"mtpcli: note: {why} one sequence at a time; decoding the prompts one after another")
 
 
+def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
+    """Under draft = auto, why a --draft-model drafted in none or few (< 10%) of the cycles: one line with the
+    figures the policy weighed (a draft token's cost against a target step, its acceptance); None otherwise."""
+    auto = record.get("auto") or {}
+    if not cfg.draft_model or "model" not in auto.get("sources", ()) or not record.get("cycles"):
+        return None
+    cycles, used = record["cycles"], (record.get("sources") or {}).get("model", {})
+    drafted = used.get("cycles", 0)
+    if drafted >= 0.1 * cycles:
+        return None
+    measured = Costs.from_dict(auto["measured"]) if auto.get("measured") else None
+    costs = Costs.from_dict(auto["costs"])
+    if measured is not None and "model" in measured.per_token:
+        table, where = measured, "measured in this run"
+    else:
+        table = costs
+        where = "from this machine's kept cost table" if auto.get("warm") else "a prior from the models' sizes"
+    step = table.step or table.plain
+    cost = f"{table.per_token.get('model', table.plain) / step:.0%}"
+    if table.fixed.get("model"):
+        cost += f" (and {table.fixed['model'] / step:.0%} a cycle to catch up)"
+    if used.get("drafted"):
+        accept = f"{used['acceptance_rate']:.0%} of its tokens accepted in this run"
+    elif costs.accept.get("model"):
+        accept = f"a first token accepted {costs.accept['model'][0]:.0%} of the time (kept)"
+    else:
+        accept = f"acceptance unmeasured (assumed {PRIOR_ACCEPT:.0%})"
+    return (f"mtpcli: note: draft model {cfg.draft_model} drafted in {drafted} of {cycles} cycles: draft = auto found "
+            f"it did not pay, a draft token costing {cost} of a target step ({where}), {accept}; "
+            f"--draft model uses it in every cycle")
+
+
 def summarize(cfg, group, engine, items, completions, opts: Options, wall: float) -> tuple[RunStats, dict]:
     """The run's totals and the record kept of it (run log, --stats-json)."""
     total = RunStats.total([c.stats for c in completions if c.stats])
@@ -213,10 +253,19 @@ def summarize(cfg, group, engine, items, completions, opts: Options, wall: float
 
 def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, prompts: int) -> int:
     """The end of a run on stderr: the statistics, the batch's and the group's lines, the typical-acceptance
-    summary; then --stats-json (written whole or not at all: its failure is one line and a non-zero return)."""
+    summary; --stats-json first (written whole or not at all: its failure is one line and a non-zero return), so
+    that a closed stderr loses no file."""
+    code = 0
+    try:
+        if opts.stats_json:
+            write_file("--stats-json", opts.stats_json, json.dumps(record, indent=1) + "\n")
+    except MtpError as e:
+        err(f"mtpcli: error: {e}")
+        code = e.exit_code
     if not opts.quiet:
         title = f"mtpcli · {cfg.profile} · {cfg.law}" + ("" if opts.single else f" · {prompts} prompts")
-        render(record, sys.stderr, sys.stderr.isatty(), title=title)
+        with contextlib.suppress(BrokenPipeError):  # (a closed stderr: the run still ends and is logged)
+            render(record, sys.stderr, sys.stderr.isatty(), title=title)
         if (b := record.get("batch")) and not opts.single:
             err(f"batch: {prompts} prompts ({b['failed']} failed), batch size {b['batch_size']}, {b['cycles']} "
                 f"cycles, {b['tokens']} tokens in {b['wall_s']:.2f} s: {b['throughput_tok_s']:.2f} tok/s in all")
@@ -227,10 +276,4 @@ def report(cfg: config.Config, total: RunStats, record: dict, opts: Options, pro
         err(f"{TYPICAL_TAG} positions={t['positions']} accepted={t['accepted']} resamples={t['resamples']} "
             f"accept_rate={t['accept_rate']:.3f} mean_entropy={t['mean_entropy']:.3f} "
             f"tokens_per_cycle={total.tokens_per_cycle:.3f}")
-    try:
-        if opts.stats_json:
-            write_file("--stats-json", opts.stats_json, json.dumps(record, indent=1) + "\n")
-    except MtpError as e:
-        err(f"mtpcli: error: {e}")
-        return e.exit_code
-    return 0
+    return code

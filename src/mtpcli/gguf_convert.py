@@ -153,18 +153,19 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: in
     try:
         with _progress(len(reader.tensors), f"converting {src.name}", quiet) as advance:
             weights = read_weights(reader, config, advance)
-        arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
-        del weights
-        tok, tok_cfg = build_tokenizer(reader)
-        tok.save(str(tmp / "tokenizer.json"))
-        tok_cfg["model_max_length"] = config["max_position_embeddings"]
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
-        if "chat_template" in tok_cfg:
-            (tmp / "chat_template.jinja").write_text(tok_cfg["chat_template"])
-        if q_bits:
-            arrays, config = _quantize(arrays, config, q_bits, q_group_size)
-        mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": "mlx"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        with status("writing the MLX folder ...", quiet):  # (casting, tokenizer, safetensors: seconds)
+            arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
+            del weights
+            tok, tok_cfg = build_tokenizer(reader)
+            tok.save(str(tmp / "tokenizer.json"))
+            tok_cfg["model_max_length"] = config["max_position_embeddings"]
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
+            if "chat_template" in tok_cfg:
+                (tmp / "chat_template.jinja").write_text(tok_cfg["chat_template"])
+            if q_bits:
+                arrays, config = _quantize(arrays, config, q_bits, q_group_size)
+            mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": "mlx"})
+            (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if dst.exists():
             shutil.rmtree(dst)
         tmp.rename(dst)
@@ -199,6 +200,20 @@ def _progress(total: int, label: str, quiet: bool):
     with Progress(transient=True, console=Console(file=sys.stderr)) as bar:
         task = bar.add_task(label, total=total)
         yield lambda: bar.advance(task)
+
+
+@contextlib.contextmanager
+def status(message: str, quiet: bool = False, file=None):
+    """A transient status line (a spinner and `message`) on stderr while a step works, gone when it is done; nothing
+    when quiet or when stderr is no terminal (in a pipe nothing of it is written)."""
+    file = sys.stderr if file is None else file
+    if quiet or not file.isatty():
+        yield
+        return
+    from rich.console import Console
+
+    with Console(file=file, force_terminal=True).status(message):
+        yield
 
 
 def cache_dir() -> Path:

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
-from huggingface_hub import snapshot_download
-from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import MODEL_REMAPPING, load as mlx_load, load_model, load_tokenizer
+# before huggingface_hub is imported (it reads this once, at import): a Hub id is looked up in the local cache only,
+# here and in mlx-lm's loaders alike (the README's promise: no downloads from a model hub)
+os.environ["HF_HUB_OFFLINE"] = "1"
 
-from . import fetch, gguf_convert, mtp
-from .cache import layer_kind
-from .errors import ModelError
+import mlx.core as mx  # noqa: E402
+from huggingface_hub import snapshot_download  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+from mlx_lm.utils import MODEL_REMAPPING, load as mlx_load, load_model, load_tokenizer  # noqa: E402
+
+from . import fetch, gguf_convert, mtp  # noqa: E402
+from .cache import layer_kind  # noqa: E402
+from .errors import ModelError  # noqa: E402
 
 
 @dataclass
@@ -28,13 +33,22 @@ class Loaded:
     head: object = None  # the MTP head, built on first use
 
 
-def resolve(name: str) -> Path | str:
-    """Turn a model name into something mlx-lm's loader takes (a folder, or a Hub id)."""
+def canonical(name: str) -> str:
+    """The name a model is logged under (run log, history, cost table): a local folder or GGUF file as its absolute
+    path (the same from any folder); an alias or a Hugging Face id as given."""
+    path = Path(name).expanduser()
+    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
+        return str(path.resolve())
+    return name
+
+
+def resolve(name: str) -> Path:
+    """Turn a model name into a local folder mlx-lm's loaders take (a Hub id: its snapshot in the local cache)."""
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"model folder {path} has no config.json (not an mlx-lm/Hugging Face model folder)")
-        return path
+        return path.resolve()
     if name in fetch.ALIASES:
         return fetch.ensure(name)
     if path.suffix == ".gguf":
@@ -44,15 +58,18 @@ def resolve(name: str) -> Path | str:
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelError(f"model '{name}' not found: no such folder, not a known alias "
                          f"({', '.join(fetch.ALIASES)}), not a .gguf file, not a Hugging Face id")
-    return name
+    try:  # a Hub id: its snapshot in the local cache, never the network
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception as e:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError), a malformed id, ...: one line
+        why = "" if type(e).__name__ == "LocalEntryNotFoundError" else f": {str(e).splitlines()[0] if str(e) else e!r}"
+        raise ModelError(f"model '{name}': not a local folder and not in the Hugging Face cache (mtpcli never "
+                         f"downloads from the Hub; `hf download {name}` fetches it){why}") from None
 
 
 def load(name: str, role: str = "model") -> Loaded:
     """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them."""
     target = resolve(name)
     try:
-        if isinstance(target, str):  # a Hub id: its snapshot in the local cache, never the network
-            target = Path(snapshot_download(target, local_files_only=True))
         config = read_config(target)
         check_weights(target)
         spec = mtp.find(target, config)
@@ -68,8 +85,6 @@ def load(name: str, role: str = "model") -> Loaded:
             tokenizer = load_tokenizer(target, eos_token_ids=config.get("eos_token_id", None))
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if isinstance(target, str):
-            msg = f"not a local folder and not in the Hugging Face cache (offline): {msg}"
         raise ModelError(f"cannot load {role} '{name}': {msg}") from None
     return Loaded(model, tokenizer, Path(target), name, config, spec)
 

@@ -32,13 +32,13 @@ class Item:
 
 def decode(data: bytes, source: str) -> str:
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # (a byte-order mark, as Notepad writes, is dropped)
     except UnicodeDecodeError as e:
         rank = next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "0")
         if rank == "0":  # under mlx.launch every rank reads the prompts: rank 0 alone says so
             print(f"mtpcli: warning: {source} is not valid UTF-8 (byte {e.start}); invalid bytes replaced with U+FFFD",
                   file=sys.stderr, flush=True)
-        return data.decode("utf-8", errors="replace")
+        return data.decode("utf-8-sig", errors="replace")
 
 
 def _file(index: int, path: Path) -> Item:

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import UsageError
-from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, table
+from .stats import PLAIN, REQUIRED, SourceStats, plain_last, rates_text, render, table
 from .writers import check_writable, write_file
 
 
@@ -82,8 +82,11 @@ def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
     rec = record or {}
     settings = rec.get("settings") or stats.get("settings") or {}
     parts = [f"run {rec['id']}" if "id" in rec else fallback]
+    drafted = stats.get("drafted")
     for key in ("model", "draft_model", "profile", "law", "draft"):  # the profile from the record, where there is one
         value = rec.get(key) if key == "profile" and rec else settings.get(key)
+        if key == "draft_model" and (settings.get("draft") not in ("model", "auto") or drafted == 0):
+            value = None  # a draft model that drafted nothing in this run (plain decoding, another source)
         if value:
             parts.append(f"{key.replace('_', ' ')} {value}")
     if settings.get("temp"):
@@ -91,9 +94,47 @@ def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
     return " · ".join(parts)
 
 
+def headline(stats: dict[str, Any]) -> str:
+    """The run's figures in one line: tokens per cycle, acceptance, decode tok/s."""
+    acc = f"{stats.get('acceptance_rate', 0.0):.0%}" if stats.get("drafted") else "- (nothing drafted)"
+    return (f"{stats.get('tokens_per_cycle', 0.0):.2f} tokens/cycle · acceptance {acc} · "
+            f"decode {stats.get('decode_tps', 0.0):.1f} tok/s (committed tokens / decode s) · "
+            f"{stats.get('generated_tokens', 0)} tokens in {stats.get('cycles', 0)} cycles")
+
+
+def plot_data(stats: dict[str, Any]) -> dict[str, Any]:
+    """What the charts draw, from a run's record: the accept-length bins of drafting cycles only (a plain step drafts
+    nothing, so it is no rejected draft), and per source and position accepted / reached counts (None where the
+    position was never reached)."""
+    widths = {int(k): v for k, v in (stats.get("draft_width_hist") or {}).items()}
+    plain = widths.get(0, 0)
+    accept = {int(k): v for k, v in (stats.get("accept_length_hist") or {}).items()}
+    accept[0] = accept.get(0, 0) - plain  # the width-0 cycles accepted 0 of 0 drafted
+    accept = {k: v for k, v in sorted(accept.items()) if v > 0}
+    sources = {k: v for k, v in (stats.get("sources") or {}).items() if k != PLAIN and v.get("drafted", 1)}
+    if not sources and stats.get("drafted"):  # a record without per-source counts: the run's rates alone
+        sources = {"all": {"accept_by_position": stats.get("accept_by_position") or []}}
+    positions: dict[str, list[dict[str, Any]]] = {}
+    depth = max((len(d.get("accept_by_position") or []) for d in sources.values()), default=0)
+    for name, d in sorted(sources.items()):
+        rates, reached = d.get("accept_by_position") or [], d.get("reached_by_position")
+        rows = []
+        for j in range(depth):
+            n = reached[j] if reached is not None and j < len(reached) else None
+            if j >= len(rates) or n == 0:
+                rows.append({"position": j + 1, "rate": None, "accepted": 0, "reached": 0, "label": "never reached"})
+            else:
+                a = round(rates[j] * n) if n is not None else None
+                rows.append({"position": j + 1, "rate": rates[j], "accepted": a, "reached": n,
+                             "label": f"{a}/{n}" if n is not None else f"{rates[j]:.2f}"})
+        positions[name] = rows
+    return {"accept_hist": accept, "width_hist": dict(sorted(widths.items())), "plain_steps": plain,
+            "drafting_cycles": sum(accept.values()), "positions": positions, "headline": headline(stats)}
+
+
 def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
     """Four charts a reader can read alone: what was accepted, how wide the drafts were, acceptance by position per
-    source, and the source and width chosen over the run."""
+    source, and the source and width chosen over the run; the run's headline figures under the title."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -101,51 +142,108 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'mtpcli[plot]' (or pip install matplotlib)") from None
+    data = plot_data(stats)
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
-    fig.suptitle(title, fontsize=10)
-    hists = (("accept_length_hist", "Accepted draft tokens per cycle", "draft tokens accepted in a cycle"),
-             ("draft_width_hist", "Draft width per cycle (0 = plain step)", "tokens drafted in a cycle"))
-    for a, (key, name, xlabel) in zip(ax[0], hists):
-        h = stats.get(key, {})
-        a.bar([int(k) for k in h], list(h.values()))
-        a.set(title=name, xlabel=xlabel, ylabel="cycles")
-    sources = {k: v for k, v in (stats.get("sources") or {}).items() if k != "plain"}
+    fig.suptitle(f"{title}\n{data['headline']}", fontsize=10)
+
+    def empty(a, why):  # a chart with nothing to draw says so (no made-up axes)
+        a.text(0.5, 0.5, why, ha="center", va="center", transform=a.transAxes, color="grey")
+        a.set_xticks([])
+        a.set_yticks([])
+
+    def whole(a, keys):  # one tick per whole number the bars span (one bar alone: no -0.4..0.4 ticks)
+        a.set_xticks(range(min(keys), max(keys) + 1))
+        a.set_xlim(min(keys) - 0.6, max(keys) + 0.6)
+
+    a = ax[0, 0]
+    a.set(title=f"Accepted draft tokens per drafting cycle ({data['plain_steps']} plain steps not counted)",
+          xlabel="draft tokens accepted in a cycle", ylabel="cycles")
+    if data["accept_hist"]:
+        a.bar(list(data["accept_hist"]), list(data["accept_hist"].values()))
+        whole(a, list(data["accept_hist"]))
+    else:
+        empty(a, "no drafting cycles: every cycle was a plain step")
+    a = ax[0, 1]
+    a.set(title="Draft width per cycle (0 = plain step)", xlabel="tokens drafted in a cycle", ylabel="cycles")
+    if data["width_hist"]:
+        a.bar(list(data["width_hist"]), list(data["width_hist"].values()))
+        whole(a, list(data["width_hist"]))
+    else:
+        empty(a, "no cycles")
     a = ax[1, 0]
-    if not sources and stats.get("accept_by_position"):
-        sources = {"all": {"accept_by_position": stats["accept_by_position"]}}
-    width = 0.8 / max(len(sources), 1)
-    for i, (name, d) in enumerate(sorted(sources.items())):
-        pos = d.get("accept_by_position", [])
-        a.bar([j + 1 + (i - (len(sources) - 1) / 2) * width for j in range(len(pos))], pos, width, label=name)
-    a.set(title="Acceptance by draft position, per source", xlabel="draft position (1 = first drafted token)",
-          ylabel="accepted / reached", ylim=(0, 1))
-    if sources:
+    a.set(title="Acceptance by draft position, per source (accepted/reached)",
+          xlabel="draft position (1 = first drafted token)", ylabel="accepted / reached")
+    positions = data["positions"]
+    if positions:
+        width = 0.8 / len(positions)
+        for i, (name, rows) in enumerate(positions.items()):
+            xs = [r["position"] + (i - (len(positions) - 1) / 2) * width for r in rows]
+            bars = a.bar(xs, [r["rate"] or 0.0 for r in rows], width, label=name)
+            for x, r, b in zip(xs, rows, bars):
+                a.text(x, (r["rate"] or 0.0) + 0.01, r["label"] if r["rate"] is not None else "never\nreached",
+                       ha="center", va="bottom", fontsize=7, rotation=90 if len(rows) * len(positions) > 12 else 0,
+                       color=b.get_facecolor() if r["rate"] is not None else "grey")
+        a.set_ylim(0, 1.15)
+        whole(a, [r["position"] for rows in positions.values() for r in rows])
         a.legend(title="source")
+    else:
+        empty(a, "nothing drafted: no acceptance by position")
     a = ax[1, 1]
+    a.set(title="Source and draft width chosen, cycle by cycle", xlabel="cycle", ylabel="draft width (tokens)")
     widths, names = stats.get("width_trace", []), stats.get("source_trace", [])
-    if names and len(names) == len(widths):
+    if not widths:
+        empty(a, "no cycles")
+    elif names and len(names) == len(widths):
         for name in sorted(set(names)):
             xs = [i + 1 for i, n in enumerate(names) if n == name]
-            a.scatter(xs, [widths[i - 1] for i in xs], s=10, label=name, color="grey" if name == "plain" else None)
+            a.scatter(xs, [widths[i - 1] for i in xs], s=10, label=name, color="grey" if name == PLAIN else None)
         a.legend(title="source", fontsize=8)
     else:
         a.plot(range(1, len(widths) + 1), widths, drawstyle="steps-mid")
-    a.set(title="Source and draft width chosen, cycle by cycle", xlabel="cycle", ylabel="draft width (tokens)")
-    for a in ax.flat:
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if widths and not any(widths):
+        a.set_ylim(-0.5, 1.5)  # plain decoding: width 0 throughout, on whole-number ticks
+    if widths:
+        ax[1, 1].xaxis.set_major_locator(MaxNLocator(integer=True))
     for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
-        a.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if a.get_yticks().size:
+            a.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format=os.path.splitext(path)[1][1:].lower() or "png")
+    plt.close(fig)
     write_file("--plot", path, buf.getvalue())
 
 
+def _refuse_together(given: dict[str, Any], pairs: list[tuple[str, str, str]]) -> None:
+    """One line naming both flags for the first combination that one view cannot honour."""
+    for a, b, why in pairs:
+        if given.get(a) and given.get(b):
+            raise UsageError(f"{a} and {b} together: {why}")
+
+
 def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
-         as_json=False, export=None) -> None:
-    """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout."""
+         as_json=False, export=None, run=None) -> None:
+    """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout. --last N keeps the N most
+    recent runs (alone: their table; with --by or --compare: the view over them); --run ID picks one run for the
+    full view and --plot; any combination no view can honour is refused, naming the flags."""
     from . import runlog
 
+    given = {"--last": last, "--by": by, "--compare": compare, "--since": since, "--model": model,
+             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export,
+             "--run": run}
+    one_run = "--plot draws one run: the last (alone) or the one --run ID names; `stats --last N` lists the ids"
+    _refuse_together(given, [
+        *[("--file", f, "--file renders one statistics file, not the run log") for f in (
+            "--last", "--by", "--compare", "--since", "--model", "--profile", "--export", "--run")],
+        ("--export", "--by", "--export writes the records themselves, not a view of them"),
+        ("--export", "--compare", "--export writes the records themselves, not a view of them"),
+        ("--export", "--run", "--export writes every matching record; --run shows one"),
+        ("--export", "--plot", "--export writes records, --plot a run's charts"),
+        ("--export", "--json", "--export jsonl is already JSON (one record a line)"),
+        ("--by", "--compare", "choose one view: aggregates (--by) or a comparison (--compare)"),
+        *[("--run", f, "--run shows one run in full") for f in ("--last", "--by", "--compare")],
+        *[("--plot", f, one_run) for f in ("--last", "--by", "--compare")],
+    ])
     if plot:
         check_writable("--plot", plot)
     if file:
@@ -160,6 +258,15 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     records = runlog.query(since=parse_since(since) if since else None, model=model, profile=profile)
     if not records:
         raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
+    if run is not None:
+        picked = [r for r in records if r["id"] == run]
+        if not picked:
+            filters = " (with --since, --model, --profile)" if since or model or profile else ""
+            raise UsageError(f"--run {run}: no such run in the run log{filters}; `mtpcli stats --last 10` lists ids")
+        r = picked[0]
+        return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"), f"run {r['id']}")
+    if last:
+        records = records[-last:]
     if export:
         if export != "jsonl":
             raise UsageError(f"--export {export!r}: the only format is jsonl")
@@ -175,14 +282,19 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             picked = [r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)]
             if not picked:
                 raise UsageError(f"--compare {key}: no matching runs in the log")
-            sides.append(aggregate(picked))
-        rows = compare_rows(*sides)
+            sides.append(picked)
+        spanned = sorted({str(r["model"]) for side in sides for r in side})
+        if len(spanned) > 1 and not by_id:  # medians of different models' runs together compare nothing
+            raise UsageError(f"--compare {compare[0]} --compare {compare[1]}: the runs span models "
+                             f"{', '.join(spanned)}; pick one with --model")
+        models_ = [str(side[0]["model"]) for side in sides]  # (two run ids: one run a side, each its own model)
+        rows = [["model", *models_, None], *compare_rows(*(aggregate(s) for s in sides))]
         doc, headers = {"a": compare[0], "b": compare[1], "rows": rows}, ["metric", *compare, "ratio B/A"]
     elif by:
         doc = group_by(records, by)
         headers, rows = [by, *next(iter(doc.values()))], [[name, *g.values()] for name, g in doc.items()]
     elif last:
-        doc = records[-last:]
+        doc = records
         headers = ["id", "time", "profile", "model", "law", "tokens", "tokens/cycle", "acceptance", "decode tok/s"]
         rows = [[r["id"], datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S"), r["profile"], r["model"],
                  r["settings"].get("law"), r["stats"]["generated_tokens"], r["stats"]["tokens_per_cycle"],

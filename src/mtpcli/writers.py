@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -15,41 +17,59 @@ from .prompts import Item
 from .stats import RunStats
 
 
-def _target(path: str) -> tuple[str, str, bool]:
-    """(the file a link points to, a temporary name beside it, whether it is written in place: a device, a FIFO)."""
-    real = os.path.realpath(path)
-    folder, name = os.path.split(real)
-    return real, os.path.join(folder, f".{name}.{os.getpid()}.tmp"), os.path.exists(real) and not os.path.isfile(real)
+def _in_place(path: str) -> bool:
+    """Written in place: a device, a FIFO, /dev/stdout or a process substitution (stat follows /proc's links)."""
+    return os.path.exists(path) and not os.path.isfile(path)
 
 
 def check_writable(flag: str, path: str) -> None:
-    """Before the work: PATH can be written (its folder takes a new file), else one line naming FLAG (exit 2)."""
-    real, tmp, in_place = _target(path)
+    """Before the work: PATH can be written, else one line naming FLAG (exit 2)."""
+    real = os.path.realpath(path)
     try:
         if os.path.isdir(real):
             raise IsADirectoryError(21, "is a folder")
         if os.path.exists(real) and not os.access(real, os.W_OK):
             raise PermissionError(13, "permission denied")
-        if not in_place:
-            open(tmp, "w").close()
-            os.unlink(tmp)
+        if not _in_place(path) and not os.path.exists(real):
+            os.close(os.open(real, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.unlink(real)
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot be written ({e.strerror or e})") from None
 
 
 def write_file(flag: str, path: str, data: str | bytes) -> None:
-    """Write PATH whole or not at all: a temporary file in its folder, then os.replace, so a failed write (a full
-    disk) leaves the earlier file intact. A failure is one line naming FLAG (exit 1)."""
-    real, tmp, in_place = _target(path)
+    """Write PATH whole or not at all: a temporary file in its folder (its mode the old file's), then os.replace, so
+    a failed write (a full disk) leaves the earlier file intact. Devices and pipes, and a file whose folder takes
+    no new file, are written in place. A failure is one line naming FLAG (exit 1)."""
+    real = os.path.realpath(path)
+    folder = os.path.dirname(real)
+    data = data.encode() if isinstance(data, str) else data
+    tmp = None
     try:
-        with open(real if in_place else tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        if _in_place(path) or (os.path.exists(real) and not os.access(folder, os.W_OK)):
+            with open(path if _in_place(path) else real, "wb") as f:
+                f.write(data)
+            return
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(real)}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
-        if not in_place:
-            os.replace(tmp, real)
+        if os.path.exists(real):
+            shutil.copymode(real, tmp)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, real)
+        tmp = None
     except OSError as e:
-        if not in_place and os.path.exists(tmp):
-            os.unlink(tmp)
         raise MtpError(f"{flag} {path}: not written ({e.strerror or e})", EXIT_RUNTIME) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @dataclass

@@ -63,24 +63,25 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     started: set[int] = set()
     relay = threading.Thread(target=_relay, args=(proc.stderr, statuses, started))
     relay.start()
-    code, interrupted = _wait(proc, statuses, started)
+    code, interrupted, killed = _wait(proc, statuses, started)
     relay.join()
-    if statuses:
-        return worst(statuses)
+    if statuses:  # (a rank the deadline killed, or an interruption, is never a success)
+        return worst(statuses) or interrupted or (EXIT_RUNTIME if killed else 0)
     if not interrupted and code == 0:  # mlx.launch exits 0 when no rank ran at all (mpirun failing, for one)
         print("mtpcli: error: no rank reported how it ended: the ranks did not start", file=sys.stderr, flush=True)
     return interrupted or (128 - code if code < 0 else code) or EXIT_RUNTIME
 
 
-def _wait(proc: subprocess.Popen, statuses: dict, started: set) -> tuple[int, int]:
-    """mlx.launch's exit status once its process group has ended, and 128 + the signal that interrupted us (0: none)."""
+def _wait(proc: subprocess.Popen, statuses: dict, started: set) -> tuple[int, int, bool]:
+    """mlx.launch's exit status once its process group has ended, 128 + the signal that interrupted us (0: none),
+    and whether what was left of the group had to be killed."""
     deadline, interrupted, code = None, 0, None
     while True:
         try:
             if code is None:
                 code = proc.wait(timeout=0.2)
             elif not interrupted or not _signal(proc, 0):  # (mlx.launch dies of a SIGTERM before its ranks)
-                return code, interrupted
+                return code, interrupted, False
             else:
                 time.sleep(0.2)
         except subprocess.TimeoutExpired:
@@ -98,7 +99,7 @@ def _wait(proc: subprocess.Popen, statuses: dict, started: set) -> tuple[int, in
                   "SIGSTOP, or stuck); killed", file=sys.stderr, flush=True)
             _signal(proc, signal.SIGCONT)
             _signal(proc, signal.SIGKILL)
-            return proc.wait(), interrupted
+            return proc.wait(), interrupted, True
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> bool:

@@ -5,7 +5,6 @@ every rank prefills the same rows). Plain decoding needs none: rank 0's token is
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,6 @@ def load_target(name: str, mode: str, group):
     """The target sharded over the group with mlx-lm's sharded_load (tensor), or split into pipeline stages."""
     from mlx_lm.utils import load_model, load_tokenizer, sharded_load
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = models.resolve(name)  # (MTP heads are not loaded: --draft mtp is refused)
     try:
         if mode == "tensor" or (not isinstance(path, str) and (path / "model.safetensors.index.json").is_file()):
