@@ -298,3 +298,17 @@ def test_stats_json_is_written_even_when_stderr_and_stdout_are_closed(tiny_paths
         os.close(w)
     assert p.returncode == 141
     assert json.loads(out.read_text())["generated_tokens"] >= 1
+
+
+def test_stats_json_to_dev_stdout_redirected_to_a_file_keeps_the_text(tiny_paths, tmp_path):
+    import subprocess
+
+    out = tmp_path / "o.txt"
+    with open(out, "wb") as f:
+        p = subprocess.run([sys.executable, "-m", "mtpcli", "generate", "--model", str(tiny_paths["target"]),
+                            "--no-chat", "--max-tokens", "5", "-p", "abcabc", "-q", "--no-log",
+                            "--stats-json", "/dev/stdout"], stdout=f, stderr=subprocess.PIPE, cwd=tmp_path,
+                           timeout=120)
+    assert p.returncode == 0, p.stderr
+    text, _, doc = out.read_text().partition("\n")
+    assert text and json.loads(doc)["generated_tokens"] == 5

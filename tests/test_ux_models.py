@@ -236,3 +236,14 @@ def test_no_draft_note_when_the_draft_model_drafted_often():
     record["sources"]["model"]["cycles"] = 0
     line = generate.idle_draft_model(cfg, record)
     assert "drafted in 0 of 10 cycles" in line and "30% of a target step" in line
+
+
+def test_models_rm_of_a_linked_entry_removes_the_link_not_its_target(cli, model_cache, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "config.json").write_text("{}")
+    (model_cache / "qwen2.5-coder-0.5b").symlink_to(precious, target_is_directory=True)
+    r = cli("models", "rm", "qwen2.5-coder-0.5b", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert (precious / "config.json").exists() and not (model_cache / "qwen2.5-coder-0.5b").exists()
+    assert not any(p.name.endswith(".removing") for p in model_cache.iterdir())

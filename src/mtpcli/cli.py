@@ -11,6 +11,7 @@ from typing import List, Optional
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any import of huggingface_hub: a Hub id is read from the cache
 
 import rich.console  # noqa: E402
 import typer  # noqa: E402

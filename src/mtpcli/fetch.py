@@ -76,6 +76,9 @@ def remove(name: str) -> int:
     size = disk_size(folder)
     trash = folder.with_name(f".{folder.name}.removing")  # first out of sight: a half-deleted folder never looks cached
     try:
+        if folder.is_symlink():  # a link into the cache: the link goes, never what it points to
+            folder.unlink()
+            return size
         shutil.rmtree(trash, ignore_errors=True)
         folder.rename(trash)
         shutil.rmtree(trash)

@@ -18,8 +18,9 @@ from .stats import RunStats
 
 
 def _in_place(path: str) -> bool:
-    """Written in place: a device, a FIFO, /dev/stdout or a process substitution (stat follows /proc's links)."""
-    return os.path.exists(path) and not os.path.isfile(path)
+    """Written in place (appended to): a device, a FIFO, /dev/stdout or a process substitution, even where it is a
+    file (`--stats-json /dev/stdout > out.txt` keeps the text already in out.txt)."""
+    return os.path.exists(path) and (not os.path.isfile(path) or path.startswith(("/dev/", "/proc/")))
 
 
 def check_writable(flag: str, path: str) -> None:
@@ -47,7 +48,7 @@ def write_file(flag: str, path: str, data: str | bytes) -> None:
     tmp = None
     try:
         if _in_place(path) or (os.path.exists(real) and not os.access(folder, os.W_OK)):
-            with open(path if _in_place(path) else real, "wb") as f:
+            with open(path if _in_place(path) else real, "ab" if _in_place(path) else "wb") as f:
                 f.write(data)
             return
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(real)}.", suffix=".tmp")

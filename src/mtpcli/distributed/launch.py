@@ -65,8 +65,13 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     relay.start()
     code, interrupted, killed = _wait(proc, statuses, started)
     relay.join()
-    if statuses:  # (a rank the deadline killed, or an interruption, is never a success)
-        return worst(statuses) or interrupted or (EXIT_RUNTIME if killed else 0)
+    if statuses:  # (a rank the deadline killed, or one that ended without a status, is never a success)
+        if (code := worst(statuses) or interrupted or (EXIT_RUNTIME if killed else 0)) == 0 and started - set(statuses):
+            lost = ", ".join(map(str, sorted(started - set(statuses))))
+            print(f"mtpcli: error: rank {lost} ended without a status (killed from outside?)", file=sys.stderr,
+                  flush=True)
+            return EXIT_RUNTIME
+        return code
     if not interrupted and code == 0:  # mlx.launch exits 0 when no rank ran at all (mpirun failing, for one)
         print("mtpcli: error: no rank reported how it ended: the ranks did not start", file=sys.stderr, flush=True)
     return interrupted or (128 - code if code < 0 else code) or EXIT_RUNTIME
