@@ -4,7 +4,7 @@ line's program name, --version, -h, shell completion, the prompt as an argument.
 import re
 from importlib.metadata import version
 
-from mtpcli import cli as mcli
+from mtpcli import options
 from mtpcli.config import SCHEMA
 
 
@@ -35,7 +35,7 @@ def test_80_column_help_cuts_no_option_name_and_shows_each_default_and_choices(c
         if key.default is not None:
             shown = ("on" if key.default else "off") if key.type is bool else key.default
             assert f"default: {shown}]" in mine[0], (key.option, mine[0])
-    for panel in mcli.PANELS:  # options grouped in sections
+    for panel in options.PANELS:  # options grouped in sections
         assert f"\n{panel}:\n" in helptext, panel
 
 

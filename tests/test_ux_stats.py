@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mtpcli import report, runlog
+from mtpcli import plot, report, runlog
 
 
 def fake(i, profile="exact", model="m", tpc=2.0, tps=100.0, **stats):
@@ -107,13 +107,13 @@ def _mixed():
 
 
 def test_accept_bins_leave_plain_steps_out():
-    d = report.plot_data(_mixed())
+    d = plot.plot_data(_mixed())
     assert d["accept_hist"] == {0: 1, 1: 1, 3: 4}  # bin 0: one rejected draft, not the 4 plain steps with it
     assert d["plain_steps"] == 4 and d["drafting_cycles"] == 6
 
 
 def test_acceptance_by_position_has_counts_and_marks_never_reached():
-    pos = report.plot_data(_mixed())["positions"]
+    pos = plot.plot_data(_mixed())["positions"]
     assert set(pos) == {"ngram", "model"}
     assert [r["label"] for r in pos["ngram"]] == ["4/4", "3/4", "2/4", "never reached"]
     assert pos["ngram"][3]["rate"] is None  # not drawn as 0.00
@@ -122,7 +122,7 @@ def test_acceptance_by_position_has_counts_and_marks_never_reached():
 
 
 def test_headline_figures_belong_on_the_chart():
-    h = report.plot_data(_mixed())["headline"]
+    h = plot.plot_data(_mixed())["headline"]
     assert "2.30 tokens/cycle" in h and "acceptance 72%" in h and "decode 191.4 tok/s" in h
 
 
@@ -132,7 +132,7 @@ def test_plain_run_has_no_drafts_to_chart_and_names_no_draft_model():
           "draft_width_hist": {"0": 5}, "width_trace": [0] * 5, "source_trace": ["plain"] * 5,
           "sources": {"plain": {"cycles": 5, "drafted": 0, "accepted": 0, "accept_by_position": [],
                                 "reached_by_position": [], "seconds": 0.1}}}
-    d = report.plot_data(st)
+    d = plot.plot_data(st)
     assert d["accept_hist"] == {} and d["positions"] == {}
     rec = {"id": 7, "profile": "ar (plain)", "settings": {"model": "smol", "draft_model": "tinydraft", "draft": "none"}}
     title = report.run_title(rec, st, "x")
@@ -166,6 +166,6 @@ def test_plain_run_plot_has_whole_number_axes(tmp_path, monkeypatch):
     st = {"generated_tokens": 5, "cycles": 5, "drafted": 0, "accepted": 0, "acceptance_rate": 0.0,
           "tokens_per_cycle": 1.0, "decode_tps": 40.0, "accept_by_position": [], "accept_length_hist": {"0": 5},
           "draft_width_hist": {"0": 5}, "width_trace": [0] * 5, "source_trace": ["plain"] * 5}
-    report.plot(st, str(tmp_path / "p.png"), "plain run")
+    plot.plot(st, str(tmp_path / "p.png"), "plain run")
     assert seen["width_ticks"] == [0]  # not -0.4 .. 0.4
     assert "1.00 tokens/cycle" in seen["title"] and "decode 40.0 tok/s" in seen["title"]

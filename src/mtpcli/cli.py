@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -16,9 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any import of huggingface
 import rich.console  # noqa: E402
 import typer  # noqa: E402
 
-from . import config, report  # noqa: E402
+from . import blas, config, report  # noqa: E402
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
+from .options import Sections, settings  # noqa: E402
 
 # click's plain help (rich_markup_mode=None): rich's option table cuts long option names at 80 columns; click's
 # never does (a long name puts its help on the next line). -h is --help everywhere (subcommands inherit it).
@@ -34,60 +34,6 @@ app.add_typer(models_app, name="models")
 app.add_typer(history_app, name="history")
 
 _global = {"profile": None}
-SHORT = {"model": ("-m",)}  # short aliases of settings options
-# The sections of `generate --help`, in this order; a settings key not named here goes under Options.
-PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefill_step"),
-          "Sampling": ("max_tokens", "temp", "top_p", "top_k", "min_p", "seed", "typical_threshold", "typical_eps"),
-          "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "history", "history_max_mb",
-                       "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),
-          "Output": ("format",), "Distributed": ("distributed", "distributed_timeout")}
-PANEL = {k: name for name, keys in PANELS.items() for k in keys}
-
-
-def _shown(k: config.Key) -> str:
-    """What help shows after a key's text: its allowed values and built-in default, as `[1..64; default: 4]`."""
-    default = None if k.default is None else ("on" if k.default else "off") if k.type is bool else k.default
-    parts = [k.allowed] * bool(k.allowed) + [f"default: {default}"] * (default is not None)
-    return f"  [{'; '.join(parts)}]" if parts else ""
-
-
-def _option(key: str):
-    """The option of a settings key, named and explained by SCHEMA (a bool key takes --x/--no-x); None if not given."""
-    k = SCHEMA[key]
-    names = f"{k.option}/--no-{k.option[2:]}" if k.type is bool else k.option
-    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help + _shown(k), show_default=False,
-                        rich_help_panel=PANEL.get(key))
-
-
-class _Sections(typer.core.TyperCommand):
-    """click's plain help, its options in sections by `rich_help_panel` (PANELS' order), then the rest."""
-
-    def format_options(self, ctx, formatter):
-        groups: dict[str, list] = {name: [] for name in ("Arguments", *PANELS, "Options")}
-        for param in self.get_params(ctx):
-            if (record := param.get_help_record(ctx)) is not None:
-                panel = "Arguments" if param.param_type_name == "argument" else param.rich_help_panel
-                groups[panel if panel in groups else "Options"].append(record)
-        for name, records in groups.items():
-            if records:
-                with formatter.section(name):
-                    formatter.write_dl(records)
-
-
-def _settings(*keys: str, after: str):
-    """Add an option per settings key in KEYS to a command, after its parameter AFTER; their values go to its **flags.
-    (typer reads a command's parameters from its `__signature__` and `__annotations__`.)"""
-    def add(fn):
-        params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
-        at = [p.name for p in params].index(after) + 1
-        params[at:at] = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_option(k),
-                                           annotation=Optional[SCHEMA[k].type]) for k in keys]
-        fn.__signature__ = inspect.Signature(params)
-        fn.__annotations__ = {p.name: p.annotation for p in params}
-        return fn
-    return add
-
-
 def _confirm(yes: bool, what: str, question: str) -> None:
     """Go on with --yes, or when a terminal's user says yes."""
     if not yes:
@@ -111,8 +57,8 @@ def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile
     _global["profile"] = profile
 
 
-@app.command(cls=_Sections)
-@_settings(*SCHEMA, after="profile")
+@app.command(cls=Sections)
+@settings(*SCHEMA, after="profile")
 def generate(
     text: Optional[str] = typer.Argument(None, metavar="PROMPT", show_default=False, help="Prompt text, as -p/--prompt."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", rich_help_panel="Prompt", help="Prompt text (default: stdin)."),
@@ -265,8 +211,8 @@ def profile_path():
 
 
 @app.command("bench")
-@_settings("temp", "top_p", "top_k", "num_draft_tokens", "chat", after="baseline")
-@_settings("draft_model", "draft", after="model")
+@settings("temp", "top_p", "top_k", "num_draft_tokens", "chat", after="baseline")
+@settings("draft_model", "draft", after="model")
 def bench_cmd(
     model: str = typer.Option(..., "--model", "-m", help=SCHEMA["model"].help),
     profiles_: str = typer.Option("exact", "--profiles", help="Comma-separated profiles, one arm each; the first is the reference."),
@@ -397,23 +343,6 @@ def convert_cmd(
     print(convert(gguf, out_dir, dtype=dtype, q_bits=q_bits, q_group_size=q_group_size))
 
 
-OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
-            "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0")
-
-
-def _fast_blas() -> None:
-    """On Linux, MLX's CPU wheel ships the slow reference BLAS: re-run with OpenBLAS preloaded if present."""
-    if (not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference"
-            or "openblas" in os.environ.get("LD_PRELOAD", "") or not {"generate", "bench", "launch"} & set(sys.argv)):
-        return
-    lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
-    if lib is None:
-        os.environ["MTPCLI_BLAS_HINT"] = "1"  # generate prints a one-line hint
-        return
-    env = {**os.environ, "LD_PRELOAD": ":".join(filter(None, [lib, os.environ.get("LD_PRELOAD")]))}
-    os.execve(sys.executable, [sys.executable, "-m", "mtpcli", *sys.argv[1:]], env)
-
-
 def _pipe_closed(console) -> None:
     """rich's hook for a closed stdout (typer's help, the tables), which would exit 1: end as every command does."""
     console.quiet = True
@@ -431,11 +360,11 @@ def _interrupted(e: BaseException | None) -> int:
 
 def main() -> None:
     rich.console.Console.on_broken_pipe = _pipe_closed
-    _fast_blas()
+    blas.fast()
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         try:
-            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from _fast_blas)
+            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from blas.fast)
             sys.stdout.flush()  # a reader that left shows here, not at the interpreter's exit
         except SystemExit:  # click ends a command whose stdout closed with exit 1, its streams made quiet
             if type(sys.stdout).__name__ == "PacifyFlushWrapper":

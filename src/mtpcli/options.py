@@ -1,0 +1,65 @@
+"""The settings options of the command line, built from the schema (config.SCHEMA): their names, help with
+choices and default, and the sections of `generate --help`."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import typer
+
+from . import config
+from .config import SCHEMA
+
+SHORT = {"model": ("-m",)}  # short aliases of settings options
+# The sections of `generate --help`, in this order; a settings key not named here goes under Options.
+PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefill_step"),
+          "Sampling": ("max_tokens", "temp", "top_p", "top_k", "min_p", "seed", "typical_threshold", "typical_eps"),
+          "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "history", "history_max_mb",
+                       "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),
+          "Output": ("format",), "Distributed": ("distributed", "distributed_timeout")}
+PANEL = {k: name for name, keys in PANELS.items() for k in keys}
+
+
+def _shown(k: config.Key) -> str:
+    """What help shows after a key's text: its allowed values and built-in default, as `[1..64; default: 4]`."""
+    default = None if k.default is None else ("on" if k.default else "off") if k.type is bool else k.default
+    parts = [k.allowed] * bool(k.allowed) + [f"default: {default}"] * (default is not None)
+    return f"  [{'; '.join(parts)}]" if parts else ""
+
+
+def option(key: str):
+    """The option of a settings key, named and explained by SCHEMA (a bool key takes --x/--no-x); None if not given."""
+    k = SCHEMA[key]
+    names = f"{k.option}/--no-{k.option[2:]}" if k.type is bool else k.option
+    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help + _shown(k), show_default=False,
+                        rich_help_panel=PANEL.get(key))
+
+
+class Sections(typer.core.TyperCommand):
+    """click's plain help, its options in sections by `rich_help_panel` (PANELS' order), then the rest."""
+
+    def format_options(self, ctx, formatter):
+        groups: dict[str, list] = {name: [] for name in ("Arguments", *PANELS, "Options")}
+        for param in self.get_params(ctx):
+            if (record := param.get_help_record(ctx)) is not None:
+                panel = "Arguments" if param.param_type_name == "argument" else param.rich_help_panel
+                groups[panel if panel in groups else "Options"].append(record)
+        for name, records in groups.items():
+            if records:
+                with formatter.section(name):
+                    formatter.write_dl(records)
+
+
+def settings(*keys: str, after: str):
+    """Add an option per settings key in KEYS to a command, after its parameter AFTER; their values go to its **flags.
+    (typer reads a command's parameters from its `__signature__` and `__annotations__`.)"""
+    def add(fn):
+        params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+        at = [p.name for p in params].index(after) + 1
+        params[at:at] = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option(k),
+                                           annotation=Optional[SCHEMA[k].type]) for k in keys]
+        fn.__signature__ = inspect.Signature(params)
+        fn.__annotations__ = {p.name: p.annotation for p in params}
+        return fn
+    return add
