@@ -88,8 +88,8 @@ def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
             value = None  # a draft model that drafted nothing in this run (plain decoding, another source)
         if value:
             parts.append(f"{key.replace('_', ' ')} {value}")
-    if settings.get("temp"):
-        parts.append(f"T={settings['temp']:g}")
+    if temp := settings.get("temp"):
+        parts.append(f"T={temp:g}")
     return " · ".join(parts)
 
 

@@ -42,13 +42,13 @@ def write_file(flag: str, path: str, data: str | bytes) -> None:
     """Write PATH whole or not at all: a temporary file in its folder (its mode the old file's), then os.replace, so
     a failed write (a full disk) leaves the earlier file intact. Devices and pipes, and a file whose folder takes
     no new file, are written in place. A failure is one line naming FLAG (exit 1)."""
-    real = os.path.realpath(path)
+    real, in_place = os.path.realpath(path), _in_place(path)
     folder = os.path.dirname(real)
     data = data.encode() if isinstance(data, str) else data
     tmp = None
     try:
-        if _in_place(path) or (os.path.exists(real) and not os.access(folder, os.W_OK)):
-            with open(path if _in_place(path) else real, "ab" if _in_place(path) else "wb") as f:
+        if in_place or (os.path.exists(real) and not os.access(folder, os.W_OK)):
+            with open(path if in_place else real, "ab" if in_place else "wb") as f:
                 f.write(data)
             return
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(real)}.", suffix=".tmp")

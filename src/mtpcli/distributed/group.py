@@ -119,9 +119,9 @@ class Group:
 
     def events(self, engine, requests):
         """The events the front end writes: the engine's own (watched), or this rank's share in data mode."""
-        from . import data
+        from .data import events, watched  # (data.py imports the engine: not at import time)
 
-        return (data.events if self.mode == "data" else data.watched)(self, engine, requests)
+        return (events if self.mode == "data" else watched)(self, engine, requests)
 
     def record(self, cycles: int) -> dict:
         return {"mode": self.mode, "size": self.size, "backend": self.backend, "collective_s": self.collective_s,
