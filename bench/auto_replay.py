@@ -19,6 +19,9 @@ tokens per second against plain steps, overall and per class, the worst class's 
         bench/auto_eval/*/*.txt [--temp 1]
     python bench/auto_replay.py compare --costs COSTS.json REC.json [REC.json ...] [--tokens 40]
     python bench/auto_replay.py ablate --costs COSTS.json REC.json [REC.json ...] [--tokens 40 80]
+    python bench/auto_replay.py eliminate|first --costs COSTS.json REC.json [...]   (see their docstrings)
+`--costs-sampled` gives the kept table of sampled runs for records drawn at T > 0. The ablation's mechanisms are those
+of the policy before it (commit 489a900); run against the package as it is, a mechanism it no longer has is left out.
 """
 
 from __future__ import annotations
@@ -126,13 +129,16 @@ MECHANISMS = {
 }
 
 
-NEEDS = {"row fit": "row_shift", "shadow drafts": "watch", "decay": "DECAY"}  # (what the policy as it is has)
+# what the policy as it is has (the mechanisms the ablation took out are gone from it)
+NEEDS = {"per-position shape": "visits", "row fit": "row_shift", "confidence signal": "offset",
+         "shadow drafts": "watch", "exploration": "EXPLORE", "decay": "DECAY"}
 
 
 def present() -> list[str]:
     from mtpcli import policy
-    return [m for m in MECHANISMS if m not in NEEDS or hasattr(policy, NEEDS[m]) or
-            hasattr(policy.AutoPolicy, NEEDS[m])]
+    has = lambda name: any(hasattr(x, name) for x in (policy, policy.AutoPolicy, policy.Costs))  # noqa: E731
+    return [m for m in MECHANISMS if m not in NEEDS or has(NEEDS[m]) or
+            NEEDS[m] in getattr(policy.Costs, "__dataclass_fields__", {})]
 
 
 def without(names) -> tuple:
@@ -150,7 +156,11 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
     from mtpcli.controller import EmaController
     from mtpcli.drafters import passes
     from mtpcli.drafters.ngram import NgramDrafter
-    from mtpcli.policy import AutoPolicy, Costs, shifted
+    from mtpcli.policy import AutoPolicy, shifted
+    try:
+        from mtpcli.costs import Costs
+    except ImportError:  # (the package before costs.py: 489a900, the policy the ablation started from)
+        from mtpcli.policy import Costs
 
     table = Costs.from_dict(costs)
     ids, gen, agree, conf, qmax = r["ids"], r["gen"], r["agree"], r["conf"], r["qmax"]
@@ -213,7 +223,8 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
         if fixed is None:
             pol.update([n], [a], seconds=sec, source=source if k > 0 else None, requested=[k if source else 0],
                        chances=None if chances is None else [chances], chained=source is None)
-            pol.observe([conf[t: t + a + 1]])
+            if hasattr(pol, "observe"):  # (the policy before the ablation read the target's confidence)
+                pol.observe([conf[t: t + a + 1]])
         elif ema is not None:
             ema.update([n], [a])
         t += a + 1
@@ -304,6 +315,61 @@ def ablate(args) -> None:
             print(f"| {v} | {m:.3f} | {1 - m / base:+.1%} | {worst} ({loss[worst]:+.1%}) |")
 
 
+def eliminate(args) -> None:
+    """Backward elimination: from the full policy, take out the mechanism whose removal costs least, while that
+    costs under 1% overall (at every length) and under 5% on every class; print every step."""
+    costs, data = kept(args), load(args.records)
+
+    def score(removed):
+        v = without(removed)
+        res = {t: with_knobs(v[0], lambda t=t: per_prompt(data, "auto", t, args.seeds, costs, v)) for t in args.tokens}
+        return {t: (geometric_mean(r.values()), by_class(r)) for t, r in res.items()}
+
+    removed, base = [], score([])
+    print("full policy:", ", ".join(f"{t} tokens {m:.3f}x plain" for t, (m, _) in base.items()))
+    while True:
+        steps = []
+        for m in (m for m in present() if m not in removed):
+            got = score(removed + [m])
+            loss = max(1 - got[t][0] / base[t][0] for t in got)
+            cls = max(1 - got[t][1][c] / base[t][1][c] for t in got for c in got[t][1])
+            steps.append((loss, cls, m, got))
+            print(f"  without {m}: overall {loss:+.1%}, worst class {cls:+.1%}")
+        ok = [st for st in steps if st[0] < 0.01 and st[1] < 0.05]
+        if not ok:
+            break
+        loss, _, m, base = min(ok)
+        removed.append(m)
+        print(f"remove {m}:", ", ".join(f"{t} tokens {x:.3f}x plain" for t, (x, _) in base.items()))
+    print("kept:", ", ".join(m for m in present() if m not in removed), "| removed:", ", ".join(removed))
+
+
+def first(args) -> None:
+    """What any choice at a row's first cycle could gain: the policy as it is against an oracle that, per prompt,
+    forces the best of plain, the draft model at 1-8 and lookup at 1-4 at the first cycle (the rest as the policy)."""
+    from mtpcli import policy
+
+    costs, data = kept(args), load(args.records)
+    plan = policy.AutoPolicy.plan
+    for tokens in args.tokens:
+        base = per_prompt(data, "auto", tokens, args.seeds, costs)
+        best = dict(base)
+        for forced in [(None, 0)] + [("model", k) for k in (1, 2, 3, 4, 8)] + [("ngram", k) for k in (1, 2, 4)]:
+            def forcing(self, contexts, forced=forced):
+                p = plan(self, contexts)
+                if self.tick == 0:
+                    return policy.Plan(*forced, self.floor("model") if forced[0] == "model" else None)
+                return p
+            policy.AutoPolicy.plan = forcing
+            try:
+                best = {k: max(v, x) for (k, v), x in zip(best.items(), per_prompt(data, "auto", tokens, args.seeds,
+                                                                                     costs).values())}
+            finally:
+                policy.AutoPolicy.plan = plan
+        print(f"{tokens} tokens: auto {geometric_mean(base.values()):.3f}x plain, with the best first cycle of each "
+              f"prompt {geometric_mean(best.values()):.3f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -316,7 +382,7 @@ def main() -> None:
     rec.add_argument("--temp", type=float, default=0.0)
     rec.add_argument("--batch", type=int, default=8)
     rec.add_argument("--seed", type=int, default=0)
-    for cmd in ("compare", "ablate"):
+    for cmd in ("compare", "ablate", "eliminate", "first"):
         sim = sub.add_parser(cmd)
         sim.add_argument("records", nargs="+")
         sim.add_argument("--costs", required=True, help="the kept cost table at T = 0 (JSON, as the run log keeps it)")
@@ -328,7 +394,7 @@ def main() -> None:
             sim.add_argument("--drop", nargs="*", default=[], choices=list(MECHANISMS),
                              help="also: these left out together")
     args = ap.parse_args()
-    {"record": record, "compare": compare, "ablate": ablate}[args.cmd](args)
+    {"record": record, "compare": compare, "ablate": ablate, "eliminate": eliminate, "first": first}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Ten identical runs in a row under `draft = auto`, one run log between them: does the kept cost table swing a
-user's runs (issue 33)? A tiny random target and a draft model a quarter of its size (the target's first layers,
-perturbed), one prompt, the same seed; prints each run's tokens per cycle, plain steps and tok/s against the median.
+user's runs (issue 33)? A tiny random target and a draft model a quarter of its size (tests/tiny.py's quarter_pair:
+hidden 512, 8 layers), one prompt, the same seed; prints each run's tokens per cycle, plain steps and tok/s against the median.
 Run it on a busy machine too (another job on every core), where one run's timings can mislead the next.
 
     python bench/cost_stability.py OUT.json [--runs 10] [--max-tokens 800] [--temp 0]
@@ -18,31 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-
-def pair(root: Path) -> tuple[Path, Path]:
-    """A target of 8 layers whose last 6 add little to the residual stream, and a draft of its first 2 (a quarter of
-    its layers, perturbed a little): a draft that agrees with the target most of the time, at a quarter of its cost."""
-    import mlx.core as mx
-    from tiny import make_model
-
-    target = make_model(root / "target", hidden=512, layers=8, logit_scale=4.0, max_positions=4096)
-    config = json.loads((target / "config.json").read_text())
-    weights = mx.load(str(target / "model.safetensors"))
-    weak = lambda k: k.startswith("model.layers.") and int(k.split(".")[2]) >= 2 and k.endswith(  # noqa: E731
-        ("o_proj.weight", "down_proj.weight"))
-    weights = {k: v * 0.1 if weak(k) else v for k, v in weights.items()}
-    mx.save_safetensors(str(target / "model.safetensors"), weights)
-    mx.random.seed(1)
-    keep = {k: v + 0.05 * v.std() * mx.random.normal(v.shape) for k, v in weights.items()
-            if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2}
-    draft = root / "draft"
-    draft.mkdir()
-    mx.save_safetensors(str(draft / "model.safetensors"), keep)
-    (draft / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (draft / name).write_bytes((target / name).read_bytes())
-    return target, draft
+from tiny import quarter_pair  # noqa: E402
 
 
 def main() -> None:
@@ -53,7 +29,7 @@ def main() -> None:
     ap.add_argument("--temp", type=float, default=0.0)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp())
-    target, draft = pair(root)
+    target, draft = quarter_pair(root, hidden=512)
     env = {**os.environ, "XDG_DATA_HOME": str(root / "data"), "XDG_CONFIG_HOME": str(root / "config")}
     runs = []
     for i in range(args.runs):

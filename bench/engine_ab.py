@@ -33,7 +33,7 @@ def new_engine(arm, flags, target, draft, table):
     cfg = config.settle(config.resolve("exact", {**flags, **FLAGS[arm]}, env={}), models.has_mtp(target))
     eng = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
     if table is not None and arm == "auto":
-        from mtpcli.policy import Costs
+        from mtpcli.costs import Costs
 
         eng.policy.use(Costs.from_dict(table), warm=True)
     return eng

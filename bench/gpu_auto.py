@@ -33,7 +33,8 @@ from mtpcli.drafters import Draft, Drafter, empty  # noqa: E402
 from mtpcli.drafters.auto import AutoDrafter  # noqa: E402
 from mtpcli.drafters.model import ModelDrafter  # noqa: E402
 from mtpcli.engine import DecodeConfig, Engine, Request  # noqa: E402
-from mtpcli.policy import AutoPolicy, prior_costs  # noqa: E402
+from mtpcli.costs import prior_costs  # noqa: E402
+from mtpcli.policy import AutoPolicy  # noqa: E402
 
 PROFILES = {  # conditional acceptance by draft position (docs/perf/cpu, T=0)
     "lookup": [0.95, 0.95, 0.9, 0.9, 0.85, 0.85, 0.8, 0.8],  # n-gram lookup on an edit of quoted text

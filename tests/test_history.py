@@ -178,7 +178,8 @@ def test_a_batch_under_auto_with_answers_shared_mid_run_is_greedy_identical(tiny
     for the rows still running, rows refilled and dropped: every row gets plain decoding's tokens."""
     from mtpcli.drafters.auto import AutoDrafter
     from mtpcli.drafters.ngram import NgramDrafter
-    from mtpcli.policy import AutoPolicy, Costs
+    from mtpcli.costs import Costs
+    from mtpcli.policy import AutoPolicy
 
     target, _ = tiny
     prompts = ["def fib(n):", "the sea is ", "abcabcab", "def fib(n):", "x = 1\ny = ", "the sea is "]

@@ -1,7 +1,8 @@
 """The n-gram drafter's per-token estimates (what `draft = auto` weighs before drafting with it)."""
 
 from mtpcli.drafters.ngram import NgramDrafter
-from mtpcli.policy import AutoPolicy, Costs
+from mtpcli.costs import Costs
+from mtpcli.policy import AutoPolicy
 
 PASSAGE = list(range(100, 124))
 REPEATED = PASSAGE + [7, 8] + PASSAGE[:20]  # a 20-token passage again: its next 4 tokens follow
@@ -53,7 +54,7 @@ def test_no_match_no_estimates():
 
 def test_auto_takes_a_plain_step_when_the_ngram_estimates_are_low():
     # the kept table says every n-gram token was accepted; the row's own estimates say ~4%
-    kept = Costs(1.0, {"ngram": 0.05}, accept={"ngram": [1.0] * 4}, visits={"ngram": [200.0] * 4})
+    kept = Costs(1.0, {"ngram": 0.05}, accept={"ngram": [1.0, 200.0]})
     est = {"v": 0.04}
     pol = AutoPolicy(["ngram"], 4, kept, lambda s, c, k: [[est["v"]] * k for _ in c], warm=True)
     assert pol.plan([[0]]) == (None, 0)
@@ -63,7 +64,7 @@ def test_auto_takes_a_plain_step_when_the_ngram_estimates_are_low():
 
 def test_auto_weighs_the_real_drafters_estimates_not_its_count():
     # costs where a short match's tokens do not pay but a repeated passage's do
-    kept = Costs(1.0, {"ngram": 0.3}, accept={"ngram": [1.0] * 4}, visits={"ngram": [200.0] * 4})
+    kept = Costs(1.0, {"ngram": 0.3}, accept={"ngram": [1.0, 200.0]})
     short = [1, 11, 220, 2, 3, 4, 5, 6, 11, 220]
     for context, want in ((short, None), (REPEATED, "ngram")):
         d = drafter([context])

@@ -73,6 +73,28 @@ def noisy_copy(src: str | Path, dst: str | Path, noise: float = 0.1, seed: int =
     return dst
 
 
+def quarter_pair(root: str | Path, hidden: int = 32, layers: int = 8) -> tuple[Path, Path]:
+    """A target whose layers past the first quarter add little to the residual stream, and a draft model of that
+    first quarter, perturbed a little: a draft a quarter of the target's size that agrees with it most of the time."""
+    root = Path(root)
+    target = make_model(root / "target", hidden=hidden, layers=layers, max_positions=4096)
+    config = json.loads((target / "config.json").read_text())
+    weights, first = mx.load(str(target / "model.safetensors")), layers // 4
+    depth = lambda k: int(k.split(".")[2]) if k.startswith("model.layers.") else -1  # noqa: E731
+    weights = {k: v * 0.1 if depth(k) >= first and k.endswith(("o_proj.weight", "down_proj.weight")) else v
+               for k, v in weights.items()}
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    mx.random.seed(1)
+    draft = root / "draft"
+    draft.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(draft / "model.safetensors"), {k: v + 0.05 * v.std() * mx.random.normal(v.shape)
+                                                           for k, v in weights.items() if depth(k) < first})
+    (draft / "config.json").write_text(json.dumps({**config, "num_hidden_layers": first}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (draft / name).write_bytes((target / name).read_bytes())
+    return target, draft
+
+
 def _save(model, config: dict, path: Path) -> None:
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (path / "config.json").write_text(json.dumps(config, indent=1))

@@ -19,7 +19,8 @@ from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
 from .drafters.ngram import NgramDrafter
 from .engine import DecodeConfig, Engine
-from .policy import AutoPolicy, Costs, prior_costs
+from .costs import Costs, prior_costs
+from .policy import AutoPolicy
 from .sampling import SamplingParams
 
 
@@ -106,7 +107,7 @@ def use_kept_costs(policy: AutoPolicy, key: str) -> None:
     kept = _kept(runlog.load_costs(key))
     if kept is not None:
         prior = policy.costs
-        kept.per_token = {n: kept.per_token.get(n, prior.per_token[n] * kept.plain) for n in policy.sources}
+        kept.per_token = {n: kept.per_token.get(n, prior.per_token[n] * kept.step) for n in policy.sources}
         policy.use(kept, warm=True)
 
 

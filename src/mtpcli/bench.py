@@ -37,9 +37,7 @@ def run_mtpcli(cfg: config.Config, target, draft, prompt: list[int], seed: int, 
     cfg = replace(cfg, seed=seed, max_tokens=max_tokens)
     engine = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
     mx.reset_peak_memory()
-    tokens = []
-    for ev in engine.generate([Request(0, prompt, max_tokens, seed)]):
-        tokens.extend(ev.tokens)
+    tokens = [t for ev in engine.generate([Request(0, prompt, max_tokens, seed)]) for t in ev.tokens]
     return engine.stats, tokens
 
 
@@ -81,12 +79,10 @@ def spread(values) -> dict[str, float] | None:
 
 def summarize(arm: Arm) -> dict[str, Any]:
     per_seed = [RunStats.total(runs) for _, runs in sorted(arm.runs.items())]
-    # decode tok/s is RunStats.decode_tps, the one definition `mtpcli stats` shows too: committed tokens per second
-    # of decode time after the prompt (per seed, over its prompts; the arm's logged record: over every seed)
-    out = {"arm": arm.name}
-    for k in ("decode_tps", "tokens_per_cycle", "acceptance_rate", "prefill_tps", "ttft_s"):
-        out[k] = spread([getattr(s, k) for s in per_seed])
-    return {**out, "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
+    # decode tok/s: RunStats.decode_tps, as `mtpcli stats` shows it (per seed, over its prompts; logged: every seed)
+    out = {k: spread([getattr(s, k) for s in per_seed])
+           for k in ("decode_tps", "tokens_per_cycle", "acceptance_rate", "prefill_tps", "ttft_s")}
+    return {"arm": arm.name, **out, "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
             "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
             "generated_tokens": sum(s.generated_tokens for s in per_seed)}
 

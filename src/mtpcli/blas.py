@@ -11,7 +11,6 @@ OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linu
 
 
 def fast() -> None:
-    """On Linux, MLX's CPU wheel ships the slow reference BLAS: re-run with OpenBLAS preloaded if present."""
     if (not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference"
             or "openblas" in os.environ.get("LD_PRELOAD", "") or not {"generate", "bench", "launch"} & set(sys.argv)):
         return

@@ -6,8 +6,7 @@ count of valid tokens, so a rejected draft is cut off the end when every row wro
 hole otherwise. Sliding windows are masked, not rotated: a rollback never loses a token. While every row is dense
 the masks are mlx-lm's own fast ones. Recurrent state (ArraysCache: gated-delta, Mamba) is snapshotted before a
 speculative pass; a rollback restores it and replays the kept tokens (one row). Any other cache kind is kept as
-the model made it: plain decoding of one row works, and speculation is refused before decoding (`require_rollback`).
-"""
+the model made it: plain decoding of one row works, and speculation is refused before decoding (`require_rollback`)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ class Layout:
     def __init__(self, rows: int = 0, bucketed: bool = False):
         self.valid = np.zeros((rows, 0), bool)  # (B, write)
         self.pos = np.zeros(rows, np.int64)  # valid tokens per row = the next RoPE position
-        self.write = 0
-        self.capacity = self.span = 0
+        self.write = self.capacity = self.span = 0
         self.bucketed = bucketed
         self.dense = True  # every row valid in every slot < write: mlx-lm's own masks and an int offset
         self.offset: int | mx.array = 0
@@ -36,10 +34,8 @@ class Layout:
         self._masks: dict = {}
 
     def begin(self, n: int, block_valid: np.ndarray | None) -> None:
-        if block_valid is not None and block_valid.all():
-            block_valid = None
-        self._block_dense = self.dense and block_valid is None
         self._block = np.ones((len(self.pos), n), bool) if block_valid is None else block_valid
+        self._block_dense = self.dense and bool(self._block.all())
         self.capacity = max(self.capacity, -(-(self.write + n) // STEP) * STEP) if self.bucketed else self.write + n
         # attended slots: the bucketed span, except for one dense token (a plain step), which attends over exactly
         # what is written and needs no mask, as in mlx-lm's own loop
@@ -52,10 +48,9 @@ class Layout:
         self._masks = {}
 
     def mask(self, window: int | None, return_array: bool):
-        key = (window, return_array)
-        if key not in self._masks:
-            self._masks[key] = self._make_mask(window, return_array)
-        return self._masks[key]
+        if (window, return_array) not in self._masks:
+            self._masks[window, return_array] = self._make_mask(window, return_array)
+        return self._masks[window, return_array]
 
     def _make_mask(self, window: int | None, return_array: bool):
         W, n, span = self.write, self._block.shape[1], self.span
@@ -86,12 +81,12 @@ class Layout:
         self.dense = self._block_dense
         self._block, self._masks = None, {}
 
-    def truncate(self, keep: np.ndarray) -> int:
+    def truncate(self, keep: np.ndarray) -> None:
         """Row b keeps its first keep[b] valid tokens; the rest become holes, and slots no row holds any more
-        are cut off the end. Returns the new write slot."""
+        are cut off the end."""
         if self.dense and (keep == keep[0]).all() and keep[0] <= self.write:
             self.valid, self.pos, self.write = self.valid[:, : keep[0]], np.minimum(self.pos, keep), int(keep[0])
-            return self.write
+            return
         for b in np.nonzero(self.pos > keep)[0]:
             slots = np.nonzero(self.valid[b])[0]
             self.valid[b, slots[keep[b]:]] = False
@@ -100,7 +95,6 @@ class Layout:
         self.write = int(used[-1]) + 1 if len(used) else 0
         self.valid = self.valid[:, : self.write]
         self.dense = bool(self.valid.all())
-        return self.write
 
 
 class RowKV:
@@ -129,8 +123,7 @@ class RowKV:
 
     def update_and_fetch(self, keys, values):
         B, H, n, D = keys.shape
-        lay = self.layout
-        W = lay.write
+        lay, W = self.layout, self.layout.write
         self._ensure(B, H, D, values.shape[3], keys.dtype, max(W + n, lay.capacity))
         self.keys[..., W : W + n, :] = keys
         self.values[..., W : W + n, :] = values
@@ -201,9 +194,8 @@ class LM:
 
     def _fresh(self, rows: int, bucketed: bool):
         layout = Layout(rows, bucketed)
-        native = make_prompt_cache(self.model)
-        caches = [RowKV(layout, w) if k in ("kv", "window") else c for k, w, c in zip(self.kinds, self.windows, native)]
-        return layout, caches
+        return layout, [RowKV(layout, w) if k in ("kv", "window") else c
+                        for k, w, c in zip(self.kinds, self.windows, make_prompt_cache(self.model))]
 
     @property
     def rows(self) -> int:
@@ -246,9 +238,7 @@ class LM:
         set_row of the same tokens (-n), else let them go (held twice, the prompt's cache would cost twice)."""
         self.reused = self._prefix is not None and self._prefix[0] == tuple(tokens)
         if self.reused:
-            prefix = self._prefix[1:]
-            if not keep:
-                self._prefix = None
+            prefix, self._prefix = self._prefix[1:], self._prefix if keep else None
             return prefix
         layout, caches = self._fresh(1, False)
         hidden = []
@@ -270,8 +260,7 @@ class LM:
         """Prefill `tokens` and put them in `row`, replacing whatever it held (`keep`: the next set_row will be the
         same tokens, prefill them once). Returns their hidden states (1, n, H) when this model keeps them."""
         layout, caches, hidden = self._prefill(tokens, keep)
-        shared = self._prefix is not None  # the prefilled arrays are kept: ours must be new array objects
-        own = (lambda a: mx.array(a)) if shared else (lambda a: a)
+        own = mx.array if self._prefix is not None else (lambda a: a)  # prefilled arrays kept: ours must be new
         L = len(tokens)
         self._snap, self._fed = None, []
         if self.rows == 1:  # the whole state is this row's: take the prefilled caches as they are
@@ -289,8 +278,7 @@ class LM:
         if L > lay.write:  # make room on the left for every row
             grow = L - lay.write
             lay.valid = np.concatenate([np.zeros((self.rows, grow), bool), lay.valid], axis=1)
-            lay.write += grow
-            lay.capacity += grow
+            lay.write, lay.capacity = L, lay.capacity + grow
             for c in self._kv():
                 c.apply(lambda a: mx.concatenate([mx.zeros(a.shape[:2] + (grow, a.shape[3]), a.dtype), a], axis=2))
         W = lay.write
@@ -378,9 +366,8 @@ class LM:
         valid = np.zeros((self.rows, width), bool)
         for b in range(self.rows):
             slots = np.nonzero(lay.valid[b])[0]
-            if len(slots):
-                idx[b, width - len(slots):] = slots
-                valid[b, width - len(slots):] = True
+            idx[b, width - len(slots):] = slots
+            valid[b, width - len(slots):] = True
         gather = mx.array(idx, dtype=mx.int32)[:, None, :, None]
         for c in self._kv():
             c.apply(lambda a: mx.take_along_axis(a, mx.broadcast_to(gather, a.shape[:2] + (width, a.shape[3])), axis=2))

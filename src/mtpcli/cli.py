@@ -13,6 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any import of huggingface_hub: a Hub id is read from the cache
 
 import rich.console  # noqa: E402
+import tomli_w  # noqa: E402
 import typer  # noqa: E402
 
 from . import blas, config, report  # noqa: E402
@@ -20,8 +21,7 @@ from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, 
 from .config import SCHEMA  # noqa: E402
 from .options import Sections, settings  # noqa: E402
 
-# click's plain help (rich_markup_mode=None): rich's option table cuts long option names at 80 columns; click's
-# never does (a long name puts its help on the next line). -h is --help everywhere (subcommands inherit it).
+# click's plain help: rich's option table cuts long option names at 80 columns, click's never; -h is --help everywhere.
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
 PLAIN = {"no_args_is_help": True, "rich_markup_mode": None, "context_settings": CONTEXT}
 app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, **PLAIN,
@@ -141,8 +141,7 @@ def stats(
 
         views = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
                  "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export}
-        other = next((k for k, v in views.items() if v), None)
-        if other:
+        if other := next((k for k, v in views.items() if v), None):
             raise UsageError(f"--clear and {other} together: --clear deletes every record and shows nothing")
         _confirm(yes, "--clear", "Delete every record in the run log?")
         print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
@@ -172,8 +171,6 @@ def profile_list():
 def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (default: the chosen one)."),
                  origin: bool = typer.Option(False, "--origin", help="Say where each value came from.")):
     """The resolved settings of a profile (flag > env > profile > default), as TOML."""
-    import tomli_w
-
     cfg = config.resolve(name or _global["profile"], {})
     print(f"# profile: {cfg.profile}")
     for key in SCHEMA:
@@ -232,9 +229,8 @@ def bench_cmd(
     from . import bench as b
     from .writers import check_writable, write_file
 
-    for x in baseline or []:
-        if x not in ("ar", "mlx-lm", "mlx-lm-plain"):
-            raise UsageError(f"--baseline {x!r}: choose ar, mlx-lm or mlx-lm-plain")
+    if bad := next((x for x in baseline or [] if x not in ("ar", "mlx-lm", "mlx-lm-plain")), None):
+        raise UsageError(f"--baseline {bad!r}: choose ar, mlx-lm or mlx-lm-plain")
     if out:
         check_writable("--out", out)
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
@@ -275,7 +271,6 @@ def history_export(text: bool = typer.Option(False, "--text", help="Add the deco
 def models_list():
     """Known aliases (fetched from the package index on first use) and what is cached."""
     from . import fetch
-    from .gguf_convert import cache_dir
     from .stats import table
 
     cached = fetch.cached()  # (none where the cache is not there yet)
@@ -285,7 +280,7 @@ def models_list():
     rows += [[name, "yes", fetch.human_size(sizes[name]), "converted GGUF file"] for name in cached
              if name not in fetch.ALIASES]
     table(["name", "cached", "size", "what"], rows)
-    print(f"cache: {cache_dir()} ({fetch.human_size(sum(sizes.values()))} in all)", file=sys.stderr)
+    print(f"cache: {fetch.cache_dir()} ({fetch.human_size(sum(sizes.values()))} in all)", file=sys.stderr)
 
 
 @models_app.command("rm")
@@ -295,14 +290,13 @@ def models_rm(names: List[str] = typer.Argument(..., help="Cached models to dele
     from . import fetch
 
     cached = fetch.cached()
-    for name in names:
-        if name not in cached:
-            raise UsageError(f"'{name}' is not in the model cache {fetch.cache_dir()} (see mtpcli models list)")
+    if missing := next((name for name in names if name not in cached), None):
+        raise UsageError(f"'{missing}' is not in the model cache {fetch.cache_dir()} (see mtpcli models list)")
     sizes = {name: fetch.human_size(fetch.disk_size(cached[name])) for name in names}
-    _confirm(yes, "models rm", "Delete " + ", ".join(f"{n} ({sizes[n]})" for n in dict.fromkeys(names)) + "?")
-    for name in dict.fromkeys(names):
+    _confirm(yes, "models rm", "Delete " + ", ".join(f"{n} ({size})" for n, size in sizes.items()) + "?")
+    for name, size in sizes.items():  # (each name once)
         fetch.remove(name)
-        print(f"removed {name} ({sizes[name]}, {cached[name]})", file=sys.stderr)
+        print(f"removed {name} ({size}, {cached[name]})", file=sys.stderr)
 
 
 @models_app.command("pull")

@@ -1,9 +1,7 @@
 """Settings: ONE schema (the fields of `Config`), TOML profiles, precedence flag > env > profile > default.
-
 `resolve` turns flags, the environment and a profile into a frozen `Config`, deciding every default that needs no
 model; `settle` decides, once the target is loaded, what depends on it (the draft sources the run has, the one
-source of a pinned width). The rest of the code reads attributes of the result.
-"""
+source of a pinned width). The rest of the code reads attributes of the result."""
 
 from __future__ import annotations
 
@@ -33,6 +31,7 @@ SOURCES = ("auto", "model", "ngram", "mtp", "history", "none")
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
 AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
 SEEDS = 1 << 64  # mx.random.key takes 0..2^64-1
+BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
 
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
@@ -45,12 +44,10 @@ def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool
     return check
 
 
-def _choice(*options) -> Callable[[Any], bool]:
-    return lambda v: v in options
-
-
 def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
-    """A field of Config that is a settings key (in profiles, the environment and on the command line)."""
+    """A field of Config that is a settings key (profiles, environment, flags). CHECK: a test, or a tuple of choices."""
+    if isinstance(check, tuple):
+        check, allowed = check.__contains__, "one of " + ", ".join(check)
     return field(default=default, metadata={"help": help, "check": check, "allowed": allowed, "flag": flag})
 
 
@@ -60,7 +57,7 @@ class Config:
     draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target); implies draft = \"model\".")
     draft: str = key("auto", "Draft source. auto: each cycle the source and width 0..n_max with the most expected "
                      "tokens per second; with the width pinned (num_draft_tokens or adaptive): the draft model, else "
-                     "MTP heads, else history when on, else ngram.", _choice(*SOURCES), "one of " + ", ".join(SOURCES))
+                     "MTP heads, else history when on, else ngram.", SOURCES)
     num_draft_tokens: int = key(4, "Draft width: tokens drafted per verify cycle (setting it pins the width; draft = "
                                 "auto otherwise chooses it).", _rng(1, 64), "1..64")
     max_tokens: int = key(256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1")
@@ -94,13 +91,11 @@ class Config:
     ema_init: float = key(2.0, "EMA initial estimate, reset per prompt.", _rng(0.0, lo_open=True), "> 0")
     chat: Optional[bool] = key(None, "Apply the tokenizer's chat template (default: when it has one).")
     system: Optional[str] = key(None, "System message for the chat template.")
-    format: str = key("text", "Output format: text, json or jsonl.", _choice("text", "json", "jsonl"),
-                      "one of text, json, jsonl")
+    format: str = key("text", "Output format: text, json or jsonl.", ("text", "json", "jsonl"))
     prefill_step: int = key(512, "Prefill chunk size in tokens.", _rng(1), ">= 1")
     distributed: str = key("auto", "Under mlx.launch (mtpcli launch): data (each rank decodes a share of the prompts), "
                            "tensor or pipeline (the target sharded over the ranks); auto: data with several prompts, "
-                           "else tensor.", _choice("auto", "data", "tensor", "pipeline"),
-                           "one of auto, data, tensor, pipeline")
+                           "else tensor.", ("auto", "data", "tensor", "pipeline"))
     distributed_timeout: float = key(600.0, "Under mlx.launch: seconds a rank waits for the others without progress "
                                      "before it gives up with an error.", _rng(0.0, lo_open=True), "> 0")
     # ---- not keys: where the values came from, and what `resolve` / `settle` decided
@@ -160,7 +155,6 @@ class Profile:
 
 
 # ---- locations ---------------------------------------------------------------------------------
-
 def config_home() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "mtpcli"
 
@@ -175,10 +169,7 @@ def config_file() -> Path:
 
 def available() -> dict[str, Path]:
     """name -> file; a user profile shadows a shipped one of the same name."""
-    found = {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
-    if user_dir().is_dir():
-        found.update({p.stem: p for p in sorted(user_dir().glob("*.toml"))})
-    return found
+    return {p.stem: p for folder in (SHIPPED_DIR, user_dir()) for p in sorted(folder.glob("*.toml"))}
 
 
 def default_name() -> str:
@@ -204,7 +195,6 @@ def set_default(name: str) -> Path:
 
 
 # ---- parsing and validation --------------------------------------------------------------------
-
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark, as editors save, is fine
@@ -233,10 +223,9 @@ def check_value(name: str, value: Any, where: str) -> Any:
     spec = SCHEMA[name]
     if value is None:
         return None
-    ok_type = isinstance(value, spec.type) and not (spec.type is int and isinstance(value, bool))
     if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok_type = float(value), True
-    if not ok_type:
+        value = float(value)
+    if not isinstance(value, spec.type) or (spec.type is int and isinstance(value, bool)):
         raise UsageError(f"{where}: {name} = {value!r} must be {spec.type.__name__}"
                          + (f" in {spec.allowed}" if spec.allowed else ""))
     if spec.check and not spec.check(value):
@@ -248,14 +237,8 @@ def parse_env(name: str, raw: str) -> Any:
     spec = SCHEMA[name]
     where = f"environment {spec.env}"
     try:
-        if spec.type is bool:
-            low = raw.strip().lower()
-            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError
-            value = low in ("1", "true", "yes", "on")
-        else:
-            value = spec.type(raw)
-    except ValueError:
+        value = BOOLS[raw.strip().lower()] if spec.type is bool else spec.type(raw)
+    except (KeyError, ValueError):
         raise UsageError(f"{where}: {raw!r} is not a valid {spec.type.__name__}") from None
     return check_value(name, value, where)
 
@@ -300,7 +283,7 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
     for name, spec in SCHEMA.items():
         if flags.get(name) is not None:
             v[name], origins[name] = check_value(name, flags[name], spec.option), "flag"
-        elif spec.env in env and env[spec.env] != "":
+        elif env.get(spec.env):
             v[name], origins[name] = parse_env(name, env[spec.env]), f"env {spec.env}"
         elif name in prof.values:
             v[name], origins[name] = prof.values[name], str(prof.origins[name])
@@ -324,10 +307,9 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
 
 
 def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool = False) -> Config:
-    """What depends on the loaded target, decided once: the sources that draft. draft = auto stays the policy over
-    every source the run has (n-gram lookup, the draft model when given, the MTP heads when the checkpoint has them
-    and rows decode one at a time, the history when on) unless its width is pinned: then the draft model when one
-    is given, else the MTP heads, else the history when on, else n-gram lookup."""
+    """What depends on the loaded target: the sources that draft. draft = auto chooses among every source the run has
+    (n-gram lookup, the draft model when given, the MTP heads when the checkpoint has them and rows decode one at a
+    time, the history when on) unless its width is pinned: then the first it has of model, mtp, history, ngram."""
     draft = cfg.draft
     if draft == "auto" and cfg.pinned:
         draft = "model" if cfg.draft_model else "mtp" if has_mtp else "history" if cfg.history else "ngram"

@@ -1,7 +1,6 @@
 """User-facing failures: one clear line on stderr and a documented exit code, never a traceback."""
 
 # Exit codes (documented in the README).
-EXIT_OK = 0
 EXIT_RUNTIME = 1  # an unexpected failure while decoding
 EXIT_USAGE = 2  # bad input: a flag, a profile, a prompt
 EXIT_MODEL = 3  # a model could not be found, fetched, converted or paired with its draft
@@ -17,8 +16,7 @@ class MtpError(Exception):
 
     def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
+        self.exit_code = self.exit_code if exit_code is None else exit_code
 
 
 class UsageError(MtpError):

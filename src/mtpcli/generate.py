@@ -20,7 +20,7 @@ from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
 from .gguf_convert import cache_dir, status as working
-from .policy import PRIOR_ACCEPT, Costs
+from .costs import PRIOR_ACCEPT, Costs
 from .prompts import Item
 from .stats import RunStats, render
 from .writers import Completion, Writer, check_writable, write_file
@@ -222,8 +222,8 @@ def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
     else:
         table = costs
         where = "from this machine's kept cost table" if auto.get("warm") else "a prior from the models' sizes"
-    step = table.step or table.plain
-    cost = f"{table.per_token.get('model', table.plain) / step:.0%}"
+    step = table.step
+    cost = f"{table.per_token.get('model', step) / step:.0%}"
     if table.fixed.get("model"):
         cost += f" (and {table.fixed['model'] / step:.0%} a cycle to catch up)"
     if used.get("drafted"):

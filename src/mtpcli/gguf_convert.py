@@ -184,8 +184,7 @@ def _quantize(arrays, config, bits, group_size):
     model = family.Model(family.ModelArgs.from_dict(config))
     model.load_weights(list(arrays.items()), strict=False)
     nn.quantize(model, group_size=group_size, bits=bits)
-    config = {**config, "quantization": {"group_size": group_size, "bits": bits}}
-    return dict(tree_flatten(model.parameters())), config
+    return dict(tree_flatten(model.parameters())), {**config, "quantization": {"group_size": group_size, "bits": bits}}
 
 
 @contextlib.contextmanager
@@ -202,18 +201,15 @@ def _progress(total: int, label: str, quiet: bool):
         yield lambda: bar.advance(task)
 
 
-@contextlib.contextmanager
 def status(message: str, quiet: bool = False, file=None):
-    """A transient status line (a spinner and `message`) on stderr while a step works, gone when it is done; nothing
-    when quiet or when stderr is no terminal (in a pipe nothing of it is written)."""
+    """A transient status line (a spinner and `message`) on stderr (or `file`) while a step works, gone when it is
+    done; nothing when quiet or when it is no terminal (in a pipe nothing of it is written)."""
     file = sys.stderr if file is None else file
     if quiet or not file.isatty():
-        yield
-        return
+        return contextlib.nullcontext()
     from rich.console import Console
 
-    with Console(file=file, force_terminal=True).status(message):
-        yield
+    return Console(file=file, force_terminal=True).status(message)
 
 
 def cache_dir() -> Path:

@@ -5,8 +5,7 @@ too only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so 
 another's. A run reads its tokenizer's documents once, appends its own in one transaction at the end (concurrent
 runs lose nothing), then drops the oldest documents of every tokenizer until the store is under its cap. An
 unreadable store, or another program's SQLite file, is left untouched (one warning, the run goes on without it); an
-unwritable one (a full disk) loses only this run's documents, with a warning.
-"""
+unwritable one (a full disk) loses only this run's documents, with a warning."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import mlx.core as mx  # noqa: E402
 from huggingface_hub import snapshot_download  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-from mlx_lm.utils import MODEL_REMAPPING, load as mlx_load, load_model, load_tokenizer  # noqa: E402
+from mlx_lm.utils import MODEL_REMAPPING, load_model, load_tokenizer  # noqa: E402
 
 from . import fetch, gguf_convert, mtp  # noqa: E402
 from .cache import layer_kind  # noqa: E402
@@ -37,9 +37,7 @@ def canonical(name: str) -> str:
     """The name a model is logged under (run log, history, cost table): a local folder or GGUF file as its absolute
     path (the same from any folder); an alias or a Hugging Face id as given."""
     path = Path(name).expanduser()
-    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
-        return str(path.resolve())
-    return name
+    return str(path.resolve()) if path.is_dir() or (path.suffix == ".gguf" and path.is_file()) else name
 
 
 def resolve(name: str) -> Path:
@@ -73,16 +71,14 @@ def load(name: str, role: str = "model") -> Loaded:
         config = read_config(target)
         check_weights(target)
         spec = mtp.find(target, config)
-        if spec is None:
-            model, tokenizer, config = mlx_load(str(target), return_config=True)
-        else:  # any family whose checkpoint carries MTP weights: dropped before its strict load
-            def classes(config):
-                kind = MODEL_REMAPPING.get(config["model_type"], config["model_type"])
-                family = importlib.import_module(f"mlx_lm.models.{kind}")
-                return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
 
-            model, config = load_model(target, get_model_classes=classes)
-            tokenizer = load_tokenizer(target, eos_token_ids=config.get("eos_token_id", None))
+        def classes(config):  # any family whose checkpoint carries MTP weights: dropped before its strict load
+            kind = MODEL_REMAPPING.get(config["model_type"], config["model_type"])
+            family = importlib.import_module(f"mlx_lm.models.{kind}")
+            return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
+
+        model, config = load_model(target) if spec is None else load_model(target, get_model_classes=classes)
+        tokenizer = load_tokenizer(target, eos_token_ids=config.get("eos_token_id", None))
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"cannot load {role} '{name}': {msg}") from None
@@ -126,9 +122,7 @@ def check_pair(target: Loaded, draft: Loaded) -> None:
 def output_size(loaded: Loaded) -> int:
     """Logits per position: from the config when it says, else from one forward pass."""
     size = loaded.config.get("vocab_size") or (loaded.config.get("text_config") or {}).get("vocab_size")
-    if isinstance(size, int):
-        return size
-    return int(loaded.model(mx.array([[0]])).shape[-1])
+    return size if isinstance(size, int) else int(loaded.model(mx.array([[0]])).shape[-1])
 
 
 def max_context(config: dict) -> int | None:

@@ -6,8 +6,7 @@ Qwen3-Next / Qwen3.5's `mtp.*` around `mtp.layers.0` (a full-attention decoder l
 which feeds back the output of `mtp.norm` and stores RMSNorm weights zero-centred (1 + w: shifted exactly when
 mlx-lm shifted the main model's). A head normalises the target's last hidden state h_t and the next token's
 embedding, projects [embedding, hidden] 2H -> H, runs its decoder layer (own KV cache) and the LM head: logits for
-x_{t+2}. `strip_sanitize` makes mlx-lm's loader drop these weights for every layout (strict loads).
-"""
+x_{t+2}. `strip_sanitize` makes mlx-lm's loader drop these weights for every layout (strict loads)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def text_config(config: dict) -> dict:
     return config.get("text_config") or config
 
 
-def supported(spec: MtpSpec | None, config: dict) -> bool:
-    """Whether mtpcli can build the head `spec` (a layout it knows, on a model type it supports)."""
+def supported(spec: MtpSpec | None, config: dict) -> bool:  # whether mtpcli can build the head `spec`
     return spec is not None and spec.layout != "mimo" and text_config(config).get("model_type") in SUPPORTED
 
 
@@ -78,9 +76,8 @@ def find(folder: Path | str, config: dict) -> MtpSpec | None:
         heads = sorted({m.group(1) for k in keys if (m := re.match(rf"^(.*\blayers\.{n}\.)eh_proj\.", k))})
         if heads:
             spec = MtpSpec("deepseek", heads[0], 1, ())
-            own = tuple(k for k in keys if spec.owns(k))
-            depths = {re.match(r".*layers\.(\d+)\.", k).group(1) for k in own}
-            return MtpSpec("deepseek", heads[0], len(depths), own)
+            own = tuple(filter(spec.owns, keys))
+            return replace(spec, layers=len({re.match(r".*layers\.(\d+)\.", k).group(1) for k in own}), keys=own)
     mimo = tuple(k for k in keys if ".mtp_layers." in k or k.startswith("mtp_layers."))
     if mimo:
         return MtpSpec("mimo", mimo[0].split("mtp_layers.")[0] + "mtp_layers.", 1, mimo)
@@ -167,8 +164,7 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     missing = [k for k in NAMES[spec.layout] if k not in own and k != "shared_head.head.weight"]
     if missing or not layer_raw:
         raise ModelError(f"incomplete MTP head ({spec.describe()}): missing {', '.join(missing) or 'its decoder layer'}")
-    moe = any(".experts." in k or k == "mlp.gate.weight" for k in layer_raw)
-    layer, idx = _layer_module(model, moe)
+    layer, idx = _layer_module(model, moe=any(".experts." in k or k == "mlp.gate.weight" for k in layer_raw))
 
     # The layer goes through mlx-lm's own sanitize, renamed as a main layer (expert stacking, fp8, MLA split).
     out = model.sanitize({f"{prefix}{idx}.{k}": v for k, v in layer_raw.items()})
@@ -176,8 +172,7 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
 
     # Zero-centred norms: shift exactly when mlx-lm shifted the main model's final norm.
     inner, _ = split_model(model)
-    final = raw.get(final_norm)
-    norm = inner.norm.weight
+    final, norm = raw.get(final_norm), inner.norm.weight
     shifted = final is not None and mx.allclose(norm, final + 1.0).item() and not mx.allclose(norm, final).item()
     head_w = {NAMES[spec.layout][k]: v for k, v in own.items() if k in NAMES[spec.layout]}
     if shifted:
@@ -189,9 +184,8 @@ def load(model, folder: Path | str, config: dict, spec: MtpSpec) -> MtpHead:
     tc = text_config(config)
     own_head = head_w["head.weight"].shape[0] if "head.weight" in head_w else None
     head = MtpHead(spec.layout, tc["hidden_size"], tc.get("rms_norm_eps", 1e-6), layer, own_head)
-    weights = list(head_w.items()) + [(f"layer.{k}", v) for k, v in layer_w.items()]
     try:
-        head.load_weights(weights, strict=True)
+        head.load_weights(list(head_w.items()) + [(f"layer.{k}", v) for k, v in layer_w.items()], strict=True)
     except ValueError as e:
         raise ModelError(f"MTP head ({spec.describe()}) does not match the model config: {e}") from None
     dtype = inner.embed_tokens.weight.dtype

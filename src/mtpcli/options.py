@@ -1,5 +1,4 @@
-"""The settings options of the command line, built from the schema (config.SCHEMA): their names, help with
-choices and default, and the sections of `generate --help`."""
+"""Settings options from config.SCHEMA: their names, help with choices and default, the sections of `generate -h`."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from . import config
-from .config import SCHEMA
+from .config import SCHEMA, Key
 
 SHORT = {"model": ("-m",)}  # short aliases of settings options
 # The sections of `generate --help`, in this order; a settings key not named here goes under Options.
@@ -21,7 +19,7 @@ PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefi
 PANEL = {k: name for name, keys in PANELS.items() for k in keys}
 
 
-def _shown(k: config.Key) -> str:
+def _shown(k: Key) -> str:
     """What help shows after a key's text: its allowed values and built-in default, as `[1..64; default: 4]`."""
     default = None if k.default is None else ("on" if k.default else "off") if k.type is bool else k.default
     parts = [k.allowed] * bool(k.allowed) + [f"default: {default}"] * (default is not None)

@@ -35,7 +35,7 @@ def plot_data(stats: dict[str, Any]) -> dict[str, Any]:
     depth = max((len(d.get("accept_by_position") or []) for d in sources.values()), default=0)
     for name, d in sorted(sources.items()):
         rates, reached = d.get("accept_by_position") or [], d.get("reached_by_position")
-        rows = []
+        positions[name] = rows = []
         for j in range(depth):
             n = reached[j] if reached is not None and j < len(reached) else None
             if j >= len(rates) or n == 0:
@@ -44,7 +44,6 @@ def plot_data(stats: dict[str, Any]) -> dict[str, Any]:
                 a = round(rates[j] * n) if n is not None else None
                 rows.append({"position": j + 1, "rate": rates[j], "accepted": a, "reached": n,
                              "label": f"{a}/{n}" if n is not None else f"{rates[j]:.2f}"})
-        positions[name] = rows
     return {"accept_hist": accept, "width_hist": dict(sorted(widths.items())), "plain_steps": plain,
             "drafting_cycles": sum(accept.values()), "positions": positions, "headline": headline(stats)}
 
@@ -72,21 +71,17 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
         a.set_xticks(range(min(keys), max(keys) + 1))
         a.set_xlim(min(keys) - 0.6, max(keys) + 0.6)
 
-    a = ax[0, 0]
-    a.set(title=f"Accepted draft tokens per drafting cycle ({data['plain_steps']} plain steps not counted)",
-          xlabel="draft tokens accepted in a cycle", ylabel="cycles")
-    if data["accept_hist"]:
-        a.bar(list(data["accept_hist"]), list(data["accept_hist"].values()))
-        whole(a, list(data["accept_hist"]))
-    else:
-        empty(a, "no drafting cycles: every cycle was a plain step")
-    a = ax[0, 1]
-    a.set(title="Draft width per cycle (0 = plain step)", xlabel="tokens drafted in a cycle", ylabel="cycles")
-    if data["width_hist"]:
-        a.bar(list(data["width_hist"]), list(data["width_hist"].values()))
-        whole(a, list(data["width_hist"]))
-    else:
-        empty(a, "no cycles")
+    def histogram(a, hist, why):
+        if not hist:
+            return empty(a, why)
+        a.bar(list(hist), list(hist.values()))
+        whole(a, list(hist))
+
+    ax[0, 0].set(title=f"Accepted draft tokens per drafting cycle ({data['plain_steps']} plain steps not counted)",
+                 xlabel="draft tokens accepted in a cycle", ylabel="cycles")
+    histogram(ax[0, 0], data["accept_hist"], "no drafting cycles: every cycle was a plain step")
+    ax[0, 1].set(title="Draft width per cycle (0 = plain step)", xlabel="tokens drafted in a cycle", ylabel="cycles")
+    histogram(ax[0, 1], data["width_hist"], "no cycles")
     a = ax[1, 0]
     a.set(title="Acceptance by draft position, per source (accepted/reached)",
           xlabel="draft position (1 = first drafted token)", ylabel="accepted / reached")

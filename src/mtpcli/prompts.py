@@ -55,8 +55,7 @@ def _jsonl_row(index: int, source: str, line: str) -> Item:
         return Item(index, source, error=f"{source}: not valid JSON ({e.msg})")
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
         return Item(index, source, error=f"{source}: needs a JSON object with a string \"prompt\"")
-    unknown = sorted(set(row) - {"prompt", "max_tokens", "seed"})
-    if unknown:
+    if unknown := sorted(set(row) - {"prompt", "max_tokens", "seed"}):
         return Item(index, source, error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed)")
     for key in ("max_tokens", "seed"):
         if key in row and (type(row[key]) is not int or not SCHEMA[key].check(row[key])):
@@ -69,8 +68,7 @@ def read_files(names: list[str], flag: str = "--prompt-file") -> list[Item]:
     for name in names:
         path = Path(name)
         if path.is_dir():
-            files = sorted(path.rglob("*.txt"))
-            if not files:
+            if not (files := sorted(path.rglob("*.txt"))):
                 raise UsageError(f"{flag} {name}: no .txt files in that folder")
             items += [_file(len(items) + i, p) for i, p in enumerate(files)]
         elif path.suffix == ".jsonl" and flag == "--prompts":
@@ -99,10 +97,8 @@ def read(prompt: str | None, files: list[str], jsonl: str | None) -> tuple[list[
             raise UsageError("give either --prompt or several prompts (--prompt-file, --prompts-jsonl), not both")
         if "-" in files:
             raise UsageError("--prompt-file -: stdin can be one of several prompts only through --prompts-jsonl")
-        items = read_files(files) + (read_jsonl(jsonl, start=len(files)) if jsonl else [])
-        for i, it in enumerate(items):
-            it.index = i
-        return items, False
+        items = read_files(files)
+        return items + (read_jsonl(jsonl, start=len(items)) if jsonl else []), False
     if prompt is not None and files:
         raise UsageError("give either --prompt or --prompt-file, not both")
     if prompt is not None:

@@ -43,8 +43,7 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
 def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
     """What each draft source contributed over these runs (and the plain steps, width 0, apart)."""
     pooled: dict[str, SourceStats] = {}
-    runs: Counter = Counter()
-    total_s = 0.0
+    runs, total_s = Counter(), 0.0
     for r in records:
         for name, d in (r["stats"].get("sources") or {}).items():
             st = SourceStats.from_dict(d)
@@ -93,13 +92,6 @@ def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
     return " · ".join(parts)
 
 
-def _refuse_together(given: dict[str, Any], pairs: list[tuple[str, str, str]]) -> None:
-    """One line naming both flags for the first combination that one view cannot honour."""
-    for a, b, why in pairs:
-        if given.get(a) and given.get(b):
-            raise UsageError(f"{a} and {b} together: {why}")
-
-
 def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
          as_json=False, export=None, run=None) -> None:
     """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout. --last N keeps the N most
@@ -107,22 +99,21 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     full view and --plot; any combination no view can honour is refused, naming the flags."""
     from . import runlog
 
-    given = {"--last": last, "--by": by, "--compare": compare, "--since": since, "--model": model,
-             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export,
-             "--run": run}
+    given = {"--last": last, "--by": by, "--compare": compare, "--since": since, "--model": model, "--profile": profile,
+             "--file": file, "--plot": plot, "--json": as_json, "--export": export, "--run": run}
     one_run = "--plot draws one run: the last (alone) or the one --run ID names; `stats --last N` lists the ids"
-    _refuse_together(given, [
+    for a, b, why in [  # the first combination no view can honour
         *[("--file", f, "--file renders one statistics file, not the run log") for f in (
             "--last", "--by", "--compare", "--since", "--model", "--profile", "--export", "--run")],
-        ("--export", "--by", "--export writes the records themselves, not a view of them"),
-        ("--export", "--compare", "--export writes the records themselves, not a view of them"),
+        *[("--export", f, "--export writes the records themselves, not a view of them") for f in ("--by", "--compare")],
         ("--export", "--run", "--export writes every matching record; --run shows one"),
         ("--export", "--plot", "--export writes records, --plot a run's charts"),
         ("--export", "--json", "--export jsonl is already JSON (one record a line)"),
         ("--by", "--compare", "choose one view: aggregates (--by) or a comparison (--compare)"),
         *[("--run", f, "--run shows one run in full") for f in ("--last", "--by", "--compare")],
-        *[("--plot", f, one_run) for f in ("--last", "--by", "--compare")],
-    ])
+        *[("--plot", f, one_run) for f in ("--last", "--by", "--compare")]]:
+        if given.get(a) and given.get(b):
+            raise UsageError(f"{a} and {b} together: {why}")
     if plot:
         check_writable("--plot", plot)
     if file:
@@ -138,12 +129,10 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     if not records:
         raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
     if run is not None:
-        picked = [r for r in records if r["id"] == run]
-        if not picked:
+        records = [r for r in records if r["id"] == run]
+        if not records:
             filters = " (with --since, --model, --profile)" if since or model or profile else ""
             raise UsageError(f"--run {run}: no such run in the run log{filters}; `mtpcli stats --last 10` lists ids")
-        r = picked[0]
-        return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"), f"run {r['id']}")
     if last:
         records = records[-last:]
     if export:
@@ -156,12 +145,10 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         if len(compare) != 2:
             raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
         by_id = all(x.isdigit() for x in compare)
-        sides = []
-        for key in compare:
-            picked = [r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)]
-            if not picked:
+        sides = [[r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)] for key in compare]
+        for key, side in zip(compare, sides):
+            if not side:
                 raise UsageError(f"--compare {key}: no matching runs in the log")
-            sides.append(picked)
         spanned = sorted({str(r["model"]) for side in sides for r in side})
         if len(spanned) > 1 and not by_id:  # medians of different models' runs together compare nothing
             raise UsageError(f"--compare {compare[0]} --compare {compare[1]}: the runs span models "
@@ -178,7 +165,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         rows = [[r["id"], datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S"), r["profile"], r["model"],
                  r["settings"].get("law"), r["stats"]["generated_tokens"], r["stats"]["tokens_per_cycle"],
                  r["stats"]["acceptance_rate"], r["stats"]["decode_tps"]] for r in doc]
-    else:
+    else:  # the last run, or the one --run picked (none of the views above goes with --run)
         r = records[-1]
         return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"), f"run {r['id']}")
     if as_json:

@@ -74,11 +74,10 @@ class SourceStats(_Drafts):
                            self.committed + other.committed, self.seconds + other.seconds)
 
     def to_dict(self, total_s: float) -> dict[str, Any]:
-        return {"cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
-                "committed": self.committed, "seconds": self.seconds, "acceptance_rate": self.acceptance_rate,
-                "tokens_per_cycle": self.tokens_per_cycle, "accept_by_position": self.accept_by_position,
-                "reached_by_position": list(self.reached),
-                "time_share": self.seconds / total_s if total_s > 0 else 0.0}
+        d = {k: getattr(self, k) for k in ("cycles", "drafted", "accepted", "committed", "seconds", "acceptance_rate",
+                                           "tokens_per_cycle", "accept_by_position")}
+        return d | {"reached_by_position": list(self.reached),
+                    "time_share": self.seconds / total_s if total_s > 0 else 0.0}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SourceStats":
@@ -146,8 +145,7 @@ class RunStats(_Drafts):
             setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
-        out.reached = _add(self.reached, other.reached)
-        out.accepted_at = _add(self.accepted_at, other.accepted_at)
+        out.reached, out.accepted_at = _add(self.reached, other.reached), _add(self.accepted_at, other.accepted_at)
         out.sources = {name: self.sources.get(name, SourceStats()).merge(other.sources.get(name, SourceStats()))
                        for name in {**self.sources, **other.sources}}  # new objects, not aliases
         out.ttft_s = min((t for t in (self.ttft_s, other.ttft_s) if t is not None), default=None)
@@ -179,14 +177,12 @@ class RunStats(_Drafts):
         s = self._typical_sums
         pos = s["positions"]
         mean = lambda key: s[key] / pos if pos else 0.0  # noqa: E731
-        return {**self.typical, "positions": int(pos), "accepted": int(s["accepted"]),
-                "resamples": int(s["resamples"]), "accept_rate": mean("accepted"), "mean_entropy": mean("entropy"),
-                "mean_floor": mean("floor")}
+        return {**self.typical, "positions": int(pos), "accepted": int(s["accepted"]), "resamples": int(s["resamples"]),
+                "accept_rate": mean("accepted"), "mean_entropy": mean("entropy"), "mean_floor": mean("floor")}
 
     def to_dict(self) -> dict[str, Any]:
-        d = {name: getattr(self, name) for name in (
-            "prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate",
-            "tokens_per_cycle", "accept_by_position")}
+        d = {k: getattr(self, k) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted",
+                                           "acceptance_rate", "tokens_per_cycle", "accept_by_position")}
         d |= {"accept_length_hist": {str(k): v for k, v in sorted(self.accept_lengths.items())},
               "draft_width_hist": {str(k): v for k, v in sorted(self.draft_widths.items())},
               "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps, "ttft_s": self.ttft_s,
@@ -200,8 +196,6 @@ class RunStats(_Drafts):
             d["typical_acceptance"] = self.typical_summary()
         return d
 
-
-# ---- rendering ---------------------------------------------------------------------------------
 
 def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: TextIO | None = None,
           tty: bool | None = None, title: str | None = None) -> None:
@@ -278,8 +272,7 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def render(d: dict[str, Any], out: TextIO, tty: bool, title: str = "mtpcli run") -> None:
-    """A run's record as a rich table on a terminal (with the traces and histogram bars), `key: value` lines
-    otherwise."""
+    """A run's record as a rich table on a terminal (with the traces and histogram bars), else `key: value` lines."""
     rows = summary_rows(d)
     if tty:
         widths, tpc = d.get("width_trace") or [], d.get("tokens_per_cycle_trace") or []

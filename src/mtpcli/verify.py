@@ -8,8 +8,7 @@ bonus token when all k pass. Everything stays on the device; the caller synchron
 Rows of a batch may draft fewer than k tokens: `lengths` (B,) marks the real drafts, the rest are padding,
 never accepted; a row whose real drafts all pass gets its bonus token from p at position lengths[b]. `key`
 is one key, or a list of B keys (one per row, so a row's draws depend on its own key only; a row draws
-exactly what it would draw alone with k = lengths[b]).
-"""
+exactly what it would draw alone with k = lengths[b])."""
 
 from __future__ import annotations
 
@@ -58,17 +57,13 @@ def _sample_rows(rows: mx.array, keys) -> mx.array:
 def greedy(target_logits: mx.array, draft: mx.array, lengths: list[int] | None = None) -> Verdict:
     """T = 0: accept while the draft equals the target's argmax; the next token is the argmax."""
     best = mx.argmax(target_logits, axis=-1)  # (B, k+1)
-    k = draft.shape[-1]
-    n = _prefix_length((draft == best[:, :k]) & _real(draft, lengths))
+    n = _prefix_length((draft == best[:, : draft.shape[-1]]) & _real(draft, lengths))
     return Verdict(n, _at(best, n))
 
 
 def residual(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
     """Normalised (p - q)+ per drafted position. q None means a deterministic (one-hot) draft."""
-    if q is None:
-        r = mx.where(mx.arange(p.shape[-1]) == draft[..., None], 0.0, p)
-    else:
-        r = mx.maximum(p - q, 0.0)
+    r = mx.where(mx.arange(p.shape[-1]) == draft[..., None], 0.0, p) if q is None else mx.maximum(p - q, 0.0)
     mass = r.sum(axis=-1, keepdims=True)
     # Zero mass only when p == q, where a rejection has probability 0: fall back to p.
     return mx.where(mass > 0, r / mx.where(mass > 0, mass, 1.0), p)
@@ -77,10 +72,8 @@ def residual(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
 def exact(p: mx.array, q: mx.array | None, draft: mx.array, key, lengths: list[int] | None = None) -> Verdict:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output ~ p exactly.
 
-    Draft token x at position i is accepted with probability min(1, p_i(x) / q_i(x)); the first
-    rejection resamples from normalised (p_i - q_i)+ and ends the block; if all pass, the bonus token
-    is drawn from p_k.
-    """
+    Draft token x at position i is accepted with probability min(1, p_i(x) / q_i(x)); the first rejection resamples
+    from normalised (p_i - q_i)+ and ends the block; if all pass, the bonus token is drawn from p_k."""
     k = draft.shape[-1]
     if isinstance(key, list):
         split = [mx.random.split(kk) for kk in key]  # per row: uniforms of its own length with its own key, padded
@@ -114,9 +107,8 @@ def typical(p: mx.array, draft: mx.array, key, threshold: float, eps: float = 1.
             lengths: list[int] | None = None) -> Verdict:
     """Typical acceptance (Medusa-2, arXiv:2401.10774 s2.3.1). NOT distribution-exact.
 
-    Accept the longest prefix of positions whose draft token has p(x) > min(eps, delta * exp(-H(p)));
-    resample the first atypical position from p itself; the bonus token comes from p_k.
-    """
+    Accept the longest prefix of positions whose draft token has p(x) > min(eps, delta * exp(-H(p))); resample the
+    first atypical position from p itself; the bonus token comes from p_k."""
     k = draft.shape[-1]
     floor, h = typical_floor(p, threshold, eps)
     real = _real(draft, lengths)

@@ -95,14 +95,12 @@ class Completion:
 
 
 class Writer:
-    """Completions in input order on stdout: the first unfinished one streams (text), later ones wait their turn.
-    Once the pipe is closed (`closed`), nothing more is written."""
+    """Completions on stdout in input order, as above; once the pipe is closed (`closed`), nothing more is written."""
 
     def __init__(self, fmt: str, out: TextIO, tokenizer, completions: list[Completion], separator: str,
                  source: bool, runs: dict):
         self.fmt, self.out, self.tok, self.rows, self.runs = fmt, out, tokenizer, completions, runs
-        self.separator, self.source, self.closed = separator, source, False
-        self.detok = tokenizer.detokenizer
+        self.separator, self.source, self.closed, self.detok = separator, source, False, tokenizer.detokenizer
         self.next = 0  # the first completion not yet fully written
         self.streamed: int | None = None  # tokens of rows[next] given to the detokenizer (None: not begun)
 

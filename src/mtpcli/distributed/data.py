@@ -14,8 +14,7 @@ from ..errors import EXIT_RUNTIME, MtpError
 
 def shares(requests: list, size: int) -> list[list]:
     """Longest first to the least loaded rank (load: prompt plus output tokens); each share in input order."""
-    load = [0] * size
-    out: list[list] = [[] for _ in range(size)]
+    load, out = [0] * size, [[] for _ in range(size)]
     for r in sorted(requests, key=lambda r: (-(len(r.prompt) + r.max_tokens), r.index)):
         k = min(range(size), key=lambda i: (load[i], i))
         out[k].append(r)
@@ -45,9 +44,7 @@ def watched(group, engine, requests: list) -> Iterator:
 def events(group, engine, requests: list) -> Iterator:
     """This rank's share decoded, then on rank 0 every completion in input order (every rank's stats: engine.runs)."""
     parts_of = shares(requests, group.size)
-    done: dict[int, list] = {}
-    error = None
-    t0 = time.perf_counter()
+    done, error, t0 = {}, None, time.perf_counter()  # done: request -> [tokens, finish reason]
     try:
         for ev in engine.generate(parts_of[group.rank]):
             row = done.setdefault(ev.request, [[], None])
@@ -65,9 +62,8 @@ def events(group, engine, requests: list) -> Iterator:
         parts = [pickle.loads(p) for p in group.gather(payload, "gathering the completions", group.timeout + elapsed)]
     except RuntimeError as e:
         raise lost(e) from None
-    group.extra["prompts_per_rank"] = [p["prompts"] for p in parts]
-    group.extra["wall_s_per_rank"] = [p["wall_s"] for p in parts]
-    group.extra["failed_ranks"] = {p["rank"]: p["error"] for p in parts if p["error"]}
+    group.extra.update(prompts_per_rank=[p["prompts"] for p in parts], wall_s_per_rank=[p["wall_s"] for p in parts],
+                       failed_ranks={p["rank"]: p["error"] for p in parts if p["error"]})
     if not group.root:
         return
     engine.cycles = sum(p["cycles"] for p in parts)

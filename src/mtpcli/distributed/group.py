@@ -39,8 +39,6 @@ class Watchdog:
     def arm(self, what: str, seconds: float | None = None) -> None:
         self.armed = (time.monotonic() + (seconds or self.timeout), what)  # one tuple: set and read whole, no lock
 
-    kick = arm
-
     def disarm(self) -> None:
         self.armed = (float("inf"), "")
 
@@ -95,7 +93,7 @@ class Group:
         t0 = time.perf_counter()
         self.watchdog.arm(what)
         out = mx.distributed.all_sum(buf, group=self.group).tolist()
-        self.watchdog.kick(what + " (done)")
+        self.watchdog.arm(what + " (done)")
         self.collective_s += time.perf_counter() - t0
         self.messages += 1
         return out
@@ -110,8 +108,7 @@ class Group:
         lengths = mx.distributed.all_gather(mx.array([len(payload)], mx.int32), group=self.group).tolist()
         width = -(-max(lengths) // 4)  # in int32 words (the dtype every backend gathers)
         buf = np.frombuffer(payload.ljust(width * 4, b"\0"), np.int32)
-        got = mx.distributed.all_gather(mx.array(buf), group=self.group)
-        got = np.array(got).reshape(self.size, width).view(np.uint8)
+        got = np.array(mx.distributed.all_gather(mx.array(buf), group=self.group)).view(np.uint8).reshape(self.size, -1)
         self.watchdog.disarm()
         self.collective_s += time.perf_counter() - t0
         self.messages += 2

@@ -1,11 +1,6 @@
 """`mtpcli launch`: MLX's own launcher (`mlx.launch`), run as it ships in a subprocess, starts the same command on
 every rank; each rank runs under `rank.py`, which reports how it ended. `mtpcli launch` exits with the worst rank's
-status (mlx.launch itself exits 0 when a rank fails) and one line names that rank.
-
-mlx.launch runs in a process group of its own. Once a rank has failed (mlx.launch then stops the others) or
-`mtpcli launch` was interrupted (passed on to the group), every rank has KILL_AFTER seconds to end; what is left of
-the job then (a rank stopped with SIGSTOP, or stuck) gets SIGCONT and SIGKILL, and one line names the ranks that had
-not ended: mlx.launch alone would wait for them for ever."""
+status (mlx.launch itself exits 0 when a rank fails) and one line names that rank."""
 
 from __future__ import annotations
 
@@ -59,27 +54,27 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     except OSError as e:
         raise UsageError(f"mtpcli launch: cannot run MLX's launcher ({runner}): {e.strerror or e}") from None
     threading.Thread(target=_fill, args=(proc.stdin,), daemon=True).start()
-    statuses: dict[int, tuple[int, bool]] = {}
-    started: set[int] = set()
+    statuses, started = {}, set()  # rank -> (exit code or -signal, stopped by the launcher?); the ranks that started
     relay = threading.Thread(target=_relay, args=(proc.stderr, statuses, started))
     relay.start()
     code, interrupted, killed = _wait(proc, statuses, started)
     relay.join()
     if statuses:  # (a rank the deadline killed, or one that ended without a status, is never a success)
-        if (code := worst(statuses) or interrupted or (EXIT_RUNTIME if killed else 0)) == 0 and started - set(statuses):
-            lost = ", ".join(map(str, sorted(started - set(statuses))))
-            print(f"mtpcli: error: rank {lost} ended without a status (killed from outside?)", file=sys.stderr,
-                  flush=True)
-            return EXIT_RUNTIME
-        return code
+        lost = ", ".join(map(str, sorted(started - set(statuses))))
+        if (code := worst(statuses) or interrupted or (EXIT_RUNTIME if killed else 0)) or not lost:
+            return code
+        print(f"mtpcli: error: rank {lost} ended without a status (killed from outside?)", file=sys.stderr, flush=True)
+        return EXIT_RUNTIME
     if not interrupted and code == 0:  # mlx.launch exits 0 when no rank ran at all (mpirun failing, for one)
         print("mtpcli: error: no rank reported how it ended: the ranks did not start", file=sys.stderr, flush=True)
     return interrupted or (128 - code if code < 0 else code) or EXIT_RUNTIME
 
 
 def _wait(proc: subprocess.Popen, statuses: dict, started: set) -> tuple[int, int, bool]:
-    """mlx.launch's exit status once its process group has ended, 128 + the signal that interrupted us (0: none),
-    and whether what was left of the group had to be killed."""
+    """mlx.launch's exit status once its process group has ended, 128 + the signal that interrupted us (0: none; it
+    is passed on to the group) and whether the group was killed: once a rank failed (mlx.launch then stops the others)
+    or we were interrupted, every rank has KILL_AFTER s to end, then what is left (stopped with SIGSTOP, or stuck) gets
+    SIGCONT and SIGKILL and one line names the ranks that had not ended (mlx.launch would wait for them for ever)."""
     deadline, interrupted, code = None, 0, None
     while True:
         try:
@@ -117,9 +112,8 @@ def _signal(proc: subprocess.Popen, sig: int) -> bool:
 
 
 def _fill(pipe) -> None:
-    """The ranks read no stdin (generate refuses it under the launcher). mlx.launch relays its stdin to every rank
-    and polls each rank's stdin pipe for room to write, which an empty pipe always has: its threads would spin a
-    core each. Filled once, the pipes stay full; ours stays open, so its poll waits too."""
+    """mlx.launch polls each rank's stdin pipe for room to relay its stdin (no rank reads it): an empty pipe always
+    has room, so its threads would spin a core each. Filled once, they stay full; ours stays open, so its poll waits."""
     with contextlib.suppress(OSError):  # (a broken pipe included)
         pipe.write(b"\0" * (1 << 18))  # more than any rank's stdin pipe holds
         pipe.flush()

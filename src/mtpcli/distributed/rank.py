@@ -1,9 +1,7 @@
-"""What `mtpcli launch` runs on every rank: `python -m mtpcli.distributed.rank CMD...` runs CMD, then writes one
-status line on stderr, which mlx.launch relays (from this machine or over ssh) to `mtpcli launch` (and one line as
-it starts: `mtpcli launch` names the ranks that never ended).
-
-When one rank fails the launcher stops the others (SIGTERM here): it is passed on to CMD with a SIGCONT (a stopped
-CMD would never see it), and a CMD still alive GRACE seconds later is killed, so no rank keeps the job waiting."""
+"""What `mtpcli launch` runs on every rank: `python -m mtpcli.distributed.rank CMD...` runs CMD and writes a status
+line on stderr as it starts (so that `mtpcli launch` names the ranks that never ended) and as CMD ends; mlx.launch
+relays them (over ssh too). The SIGTERM with which the launcher stops the others when one rank fails is passed on to
+CMD with a SIGCONT (a stopped CMD would never see it); a CMD still alive GRACE seconds later is killed."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from mlx.nn.layers.distributed import ShardedToAllLinear
 from .. import assemble, models
 from ..controller import FixedWidth
 from ..drafters import Draft, Drafter
-from ..engine import Engine
+from ..engine import Alone, Engine
 from ..errors import ModelError
 from ..verify import Judged, Verdict
 
@@ -96,8 +96,8 @@ class Wire:
         return Message(verdict, lengths.tolist(), tokens[:, : head[2]], self.sources[head[3]])
 
 
-class Peer:
-    """The engine's peer on every rank of a sharded target (engine.Alone is the one-process peer)."""
+class Peer(Alone):
+    """The engine's peer on every rank of a sharded target (Alone: the one-process peer, whose verdict rank 0 reads)."""
 
     lookahead = False  # a policy's plain steps are not launched ahead: every step's plan comes with a message
 
@@ -118,10 +118,9 @@ class Peer:
 
     def share_draft(self, draft: Draft, source):
         """At launch: rank 0 sends its drafts (with its last verdict, if not sent yet); the others take them."""
-        if self.in_graph:
-            return draft, source
-        if self.g.root:
-            self._send(draft.lengths, np.array(draft.tokens), source)
+        if self.in_graph or self.g.root:
+            if not self.in_graph:
+                self._send(draft.lengths, np.array(draft.tokens), source)
             return draft, source
         m, self.stash = self.stash, None
         if m is None:
@@ -144,13 +143,12 @@ class Peer:
 
     def verdict(self, judged: Judged, width: int) -> tuple[list[int], list[int]]:
         """At the host sync: rank 0 keeps its verdict to send with the next drafts; the others receive it."""
-        self.g.watchdog.kick("verify pass")
+        self.g.watchdog.arm("verify pass")
         if self.in_graph or self.g.root:
-            tok = judged.verdict.token.tolist()
-            n_acc = judged.verdict.n_accepted.tolist() if width else [0] * len(tok)
+            verdict = super().verdict(judged, width)
             if not self.in_graph:
-                self.pending = (n_acc, tok)
-            return n_acc, tok
+                self.pending = verdict
+            return verdict
         mx.eval(judged.verdict.token)  # this rank's part of the pass first, as on rank 0
         m = self._receive()
         if m.verdict is None:
@@ -161,7 +159,7 @@ class Peer:
 
     def prefill(self) -> None:
         """Before a prefill (every rank must know which rows finished) and at the end: the verdict on its own."""
-        self.g.watchdog.kick("prefill")
+        self.g.watchdog.arm("prefill")
         if self.g.root and self.pending is not None:
             self._send()
 
@@ -169,8 +167,7 @@ class Peer:
 
 
 class Follower(Drafter):
-    """The drafter of a rank other than 0: it drafts nothing (rank 0's drafts arrive with the messages), but says
-    what rank 0's drafter says: whether it speculates and needs the target's hidden states."""
+    """Rank 1+'s drafter: it drafts nothing (rank 0's drafts come with the messages); its flags are rank 0's."""
 
     name = "follower"
 
@@ -179,8 +176,7 @@ class Follower(Drafter):
 
 
 def engine(group, cfg, target, draft, batch_size: int, store=None):
-    """The engine of a tensor or pipeline run: rank 0's as in one process, the others' without a drafter, with rank
-    0's batch size and draft width (sent once)."""
+    """A sharded run's engine: rank 0's as in one process, the others' with a Follower and rank 0's batch and width."""
     eng = assemble.engine(cfg, target, draft, batch_size, store) if group.root else None
     mine = [eng.batch_size, int(eng.drafter.speculates), int(eng.drafter.needs_hidden),
             max(cfg.n_max, cfg.num_draft_tokens)] if group.root else None

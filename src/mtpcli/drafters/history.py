@@ -9,8 +9,7 @@ candidate of the longest match (up to MAX_MATCH tokens) votes for the next token
 while the product over depths of its estimates (PSEUDO) stays above MIN_PROB; a match reaching back to the answer's
 start counts LONG tokens more (the start stands for a prompt not kept). `auto` weighs each token's estimate
 (`available`) against its costs; PSEUDO and POWER are calibrated in docs/perf/history.md. Drafts are deterministic
-(q one-hot): the exact law accepts a token with p(token).
-"""
+(q one-hot): the exact law accepts a token with p(token)."""
 
 from __future__ import annotations
 
@@ -127,8 +126,7 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         if ends.size == 0:
             continue
         idx = ends[:, None] + 1 + np.arange(k)[None, :]
-        c = np.where(idx < tokens.size, tokens[np.clip(idx, None, tokens.size - 1)], END)
-        conts.append(c)
+        conts.append(np.where(idx < tokens.size, tokens[np.clip(idx, None, tokens.size - 1)], END))
         lengths.append(match_lengths(tokens, ends, query))
     if not conts:
         return [], []

@@ -4,8 +4,7 @@ The head's KV cache holds one entry per committed pair (h_t, x_{t+1}): the targe
 and the token that followed. After a verify cycle the new pairs are the accepted positions' hidden states with
 the tokens committed after them; they are fed at the next proposal, whose last row gives the first draft.
 Deeper drafts feed the head's own output hidden state back with the token it drew; those entries are
-speculative and are cut from the cache at commit.
-"""
+speculative and are cut from the cache at commit."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class MtpDrafter(Drafter):
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         if self.pending is None:
             return empty([0] * len(caps))  # no pair yet: nothing was asked
-        parts, tokens = self.pending
-        self.pending = None
+        (parts, tokens), self.pending = self.pending, None
         hidden = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
         step_n = self.prefill_step
         while hidden.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks
@@ -72,8 +70,6 @@ class MtpDrafter(Drafter):
         """Cut the speculative entries; the new pairs: positions 0..n_accepted, the last n_accepted + 1 tokens."""
         if self.pending is None:  # the proposal consumed the pending pairs (if there were any)
             self.cache.trim(self.cache.offset - self._committed)
-            prev_h, prev_t = None, []
-        else:  # nothing was proposed: the pending pairs wait with the new ones
-            prev_h, prev_t = self.pending
+        prev_h, prev_t = self.pending or ([], [])  # nothing was proposed: the pending pairs wait with the new ones
         n = n_accepted[0] + 1
-        self.pending = ((prev_h or []) + [hidden[:, :n]], prev_t + contexts[0][-n:])  # joined when it drafts
+        self.pending = (prev_h + [hidden[:, :n]], prev_t + contexts[0][-n:])  # joined when it drafts

@@ -9,8 +9,7 @@ Before drafting, `auto` asks each row's draft as each token's estimated probabil
 back past the n-gram, up to MAX_MATCH), draft token d is estimated 1 / (1 + PSEUDO / (m + d) ** POWER) (once the
 d tokens before it are right, the match is d longer). A 2-token match of common tokens is a guess; a repeated
 passage is not. On text the estimates fall a little short of how often a draft token is right (prose by ~8%,
-code by ~14%): better an n-gram draft skipped than one verified for nothing.
-"""
+code by ~14%): better an n-gram draft skipped than one verified for nothing."""
 
 from __future__ import annotations
 
@@ -19,11 +18,6 @@ from . import Lookup
 MAX_MATCH = 32  # longest true match measured
 # bench/ngram_calibrate.py at b092569 (stdlib and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
 PSEUDO, POWER = 10.0, 1.5
-
-
-def estimates(m: int, n: int) -> list[float]:
-    """The estimates of n draft tokens after a true match of m tokens."""
-    return [1.0 / (1.0 + PSEUDO / (m + d) ** POWER) for d in range(n)]
 
 
 class Index:
@@ -50,14 +44,6 @@ class Index:
                 return end, m
         return None
 
-    def look(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
-        """The draft of up to k tokens and each token's estimate given the ones before it."""
-        found = self.find(context)
-        if found is None:
-            return [], []
-        draft = context[found[0] : found[0] + k]
-        return draft, estimates(found[1], len(draft))
-
 
 class NgramDrafter(Lookup):
     name = "ngram"
@@ -70,4 +56,10 @@ class NgramDrafter(Lookup):
         return Index(self.n_min, self.n_max)
 
     def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
-        return self.rows[row].look(context, k)
+        """A row's draft of up to k tokens and each token's estimate (the module's formula) given the ones before."""
+        found = self.rows[row].find(context)
+        if found is None:
+            return [], []
+        end, m = found
+        draft = context[end : end + k]
+        return draft, [1.0 / (1.0 + PSEUDO / (m + d) ** POWER) for d in range(len(draft))]

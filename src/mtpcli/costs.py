@@ -1,0 +1,159 @@
+"""The cycle-time table `draft = auto` decides with: what a cycle costs (a plain step, and per source a fixed part and
+seconds per drafted token) and what each source was found to do (its acceptance, the shift of its own estimates, the
+target's confidence where that acceptance was measured). A run decides with one table throughout (`Costs`, this
+machine's as the run log keeps it, or `prior_costs` from the models' sizes) while `CostFit` measures the run; after
+it, `Costs.settled` says what to keep: the table as it was while the run agrees with it within its error, else
+each figure moved towards the run's (a cost a fifth of the way, so that one busy run cannot switch drafting off).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Sequence
+
+import numpy as np
+
+PRIOR_ACCEPT = 0.6  # a drafted token's acceptance before a source is seen on this machine
+RIDGE = 8.0  # a run's slope of cycle seconds over the width: the prior's weighs as this many cycles one width apart
+KEEP_RUNS = 4  # a kept cost moves 1 / (1 + this) of the way towards a run that disagrees with it
+
+
+def _pooled(old: list[float] | None, new: list[float]) -> list[float]:
+    """[value, count] pairs pooled, weighted by their counts (capped)."""
+    (x, m), (y, n) = old or (new[0], 0.0), new
+    return [(x * m + y * n) / (m + n), min(m + n, 200.0)] if m + n else [y, n]
+
+
+@dataclass
+class Costs:
+    """A cycle's seconds: step (a plain step) + fixed[s] + k * per_token[s]; what a source was found to do: its
+    drafted tokens' acceptance [rate, tokens tested], the shift of its own estimates [log-odds, tokens], the
+    target's confidence where that acceptance was measured [mean, cycles]; `runs`: how many runs it pools."""
+
+    step: float
+    per_token: dict[str, float]
+    fixed: dict[str, float] = field(default_factory=dict)
+    accept: dict[str, list[float]] = field(default_factory=dict)
+    shift: dict[str, list[float]] = field(default_factory=dict)
+    conf: dict[str, list[float]] = field(default_factory=dict)
+    runs: int = 1
+
+    def time(self, source: str | None, k: int) -> float:
+        if source is None or k == 0:
+            return self.step
+        return self.step + self.fixed.get(source, 0.0) + k * self.per_token.get(source, self.step)
+
+    def prior_accept(self, source: str) -> float:
+        """The kept acceptance, shrunk towards PRIOR_ACCEPT by how few tokens it was measured on."""
+        rate, n = self.accept.get(source, (PRIOR_ACCEPT, 0.0))
+        return (rate * n + PRIOR_ACCEPT * 5) / (n + 5)
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "per_token": dict(self.per_token), "fixed": dict(self.fixed),
+                "accept": {k: list(v) for k, v in self.accept.items()},
+                "shift": {k: list(v) for k, v in self.shift.items()}, "conf": {k: list(v) for k, v in self.conf.items()},
+                "runs": self.runs}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Costs":
+        """(A table kept by an earlier version, with no `runs`: its cycles' intercept `plain` goes to each source's
+        fixed part, its acceptance by position is pooled.)"""
+        step = float(d["step"] if d.get("step") is not None else d["plain"])
+        extra = float(d.get("plain", step)) - step
+        per = {str(k): float(v) for k, v in d["per_token"].items()}
+        raw = {str(k): float(v) for k, v in (d.get("fixed") or {}).items()}
+        fixed = {k: max(raw.get(k, 0.0) + extra, 0.0) for k in per}
+        accept = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("accept") or {}).items()} if "runs" in d else \
+            {str(k): [float(np.average(v, weights=n)), float(sum(n))] for k, v in (d.get("accept") or {}).items()
+             if (n := ((d.get("visits") or {}).get(k, []) + [30.0] * len(v))[: len(v)]) and sum(n) > 0}
+        shift, conf = ({str(k): [float(v[0]), float(v[1])] for k, v in (d.get(name) or {}).items()}
+                       for name in ("shift", "conf"))
+        if not (step > 0 and math.isfinite(step) and all(v >= 0 and math.isfinite(v) for v in
+                                                           [*per.values(), *raw.values()])):
+            raise ValueError("a non-positive or non-finite cost")
+        if not all(0.0 <= a <= 1.0 and n >= 0 for a, n in accept.values()):
+            raise ValueError("an acceptance outside [0, 1]")
+        if not all(math.isfinite(a) and abs(a) <= 6 and n >= 0 for a, n in shift.values()):
+            raise ValueError("a shift outside [-6, 6]")
+        if not all(0.0 < c <= 1.0 and n >= 0 for c, n in conf.values()):
+            raise ValueError("a confidence outside (0, 1]")
+        return cls(step, per, fixed, accept, shift, conf, max(int(d.get("runs", 1)), 1))
+
+    def settled(self, measured: "Costs") -> "Costs":
+        """What to keep after a run measured `measured`: this table while every measured figure agrees with it
+        within its error (the same seed, the same output next time), else each figure moved towards the run's:
+        a cost 1 / (1 + KEEP_RUNS) of the way (one busy run cannot switch drafting off), the rest by their counts."""
+        times = [(self.time(s, w), measured.time(s, w)) for s in measured.per_token for w in (1, 4)]
+        same = set(measured.per_token) <= set(self.per_token) and all(
+            abs(a - b) <= 0.15 * a for a, b in [(self.step, measured.step)] + times)
+        same &= all(s in self.accept and abs(self.accept[s][0] - x) <= max(0.05, 2 * math.sqrt(x * (1 - x) / n))
+                    for s, (x, n) in measured.accept.items())
+        same &= all(s in self.shift and abs(self.shift[s][0] - d) <= max(0.5, 4 / math.sqrt(max(n, 1.0)))
+                    for s, (d, n) in measured.shift.items())
+        same &= all(abs(self.conf[s][0] - c) <= max(0.05, 0.5 / math.sqrt(max(n, 1.0)))
+                    for s, (c, n) in measured.conf.items() if s in self.conf)
+        if same:
+            return self
+        w = min(self.runs, KEEP_RUNS)
+        move = lambda old, new: new if old is None else (old * w + new) / (w + 1)  # noqa: E731
+        pooled = lambda mine, new: {**mine, **{s: _pooled(mine.get(s), v) for s, v in new.items()}}  # noqa: E731
+        return Costs(move(self.step, measured.step),
+                     {**self.per_token, **{s: move(self.per_token.get(s), v) for s, v in measured.per_token.items()}},
+                     {**self.fixed, **{s: move(self.fixed.get(s), v) for s, v in measured.fixed.items()}},
+                     pooled(self.accept, measured.accept), pooled(self.shift, measured.shift),
+                     pooled(self.conf, measured.conf), min(self.runs + 1, 100))
+
+
+def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
+    """Before any measurement, in units of a plain step: verifying a token costs 10% on a CPU, 2% on a GPU; a draft
+    model's token its size relative to the target's (at least 60% on a GPU); lookup nothing more."""
+    verify = 0.02 if gpu else 0.10
+    return Costs(1.0, {s: verify + (max(r, 0.6) if gpu and r else r)
+                       for s, r in ((s, draft_ratio.get(s, 0.0)) for s in sources)})
+
+
+@dataclass
+class CostFit:
+    """This run's cycle seconds (the first cycle, which compiles, left out): a plain step's, their median; a source's
+    seconds per token, the slope through the median seconds at each width it drafted, pulled towards the prior's
+    (worth RIDGE cycles one width apart), and its fixed part, the median of what its cycles cost beyond that:
+    medians, so a moment of a busy machine moves nothing far."""
+
+    prior: Costs
+    known: bool = False  # the prior is in seconds (a kept table), not in units of a plain step
+    plains: list[float] = field(default_factory=list)
+    drafts: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    first: bool = True
+
+    def add(self, source: str | None, k: int, seconds: float) -> None:
+        if self.first:
+            self.first = False
+        elif source is None or not k:
+            self.plains.append(seconds)
+        else:
+            self.drafts.setdefault(source, {}).setdefault(k, []).append(seconds)
+
+    def cycles(self) -> int:
+        return len(self.plains) + sum(len(v) for d in self.drafts.values() for v in d.values()) + (not self.first)
+
+    def result(self) -> Costs | None:
+        if len(self.plains) >= 3:
+            step = median(self.plains)
+        elif self.known:
+            step = self.prior.step
+        else:
+            return None
+        scale = 1.0 if self.known else step / self.prior.step
+        per, fixed = {}, {}
+        for s, by_width in self.drafts.items():
+            samples = [(k, t) for k, ts in by_width.items() for t in ts]
+            if len(samples) < 3:
+                continue  # too few to say
+            k, n = np.array(list(by_width), float), np.array([len(ts) for ts in by_width.values()], float)
+            m, prior = np.array([median(ts) for ts in by_width.values()]), self.prior.per_token.get(s, 0.1) * scale
+            dk = k - np.average(k, weights=n)
+            per[s] = max(float((n * dk) @ m + RIDGE * prior) / float(n @ dk**2 + RIDGE), 0.0)
+            fixed[s] = max(median(t - per[s] * k for k, t in samples) - step, 0.0)
+        return Costs(step, per, fixed)
