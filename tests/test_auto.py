@@ -195,8 +195,21 @@ def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
     for _ in range(70):
         s, k = p.plan([[0]])
         chosen.append(s)
-        p.update([k], [0], source=s)
-    assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 16, 32]  # then it has drafted three times
+        p.update([k], [0], source=s, seconds=1.0)
+    # two cycles in a row after 8 and 16 (the first catches up, untimed); then it has drafted four times
+    assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17]
+    assert sum(map(len, p.fit.drafts["model"].values())) == 2  # the second cycle of each probe timed, not the first
+    cut, chosen = policy(poor, NO_MATCH), []  # a probe its stop cut to nothing still counts as made: the next waits
+    for i in range(20):
+        s, k = cut.plan([[0]])
+        chosen.append(s)
+        cut.update([0], [0], source=s, requested=[k], seconds=1.0)
+    assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17] and cut.drafted["model"] == 0
+    other = policy(poor, lambda s, c, k: [min(k, 2)] if s == "ngram" else None)
+    for _ in range(12):  # lookup drafting every cycle does not use up the model's probe
+        s, k = other.plan([[0]])
+        other.update([k], [k], source=s, requested=[k])
+    assert other.drafted["model"] == 2 and other.probe == 16
     good = policy(Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.95, 200.0]}), NO_MATCH)
     for _ in range(20):  # a source that drafts anyway is never forced
         assert good.plan([[0]])[0] == "model"
@@ -249,6 +262,8 @@ def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change
     moved = kept.settled(Costs(1.0, {"model": 0.3}, accept={"model": [0.2, 100.0]}))
     assert moved.accept["model"] == pytest.approx([(0.7 * 200 + 0.2 * 100) / 300, 200.0])  # capped: it moves on
     assert Costs.from_dict(moved.to_dict()).accept == moved.accept
+    gained = kept.settled(Costs(1.0, {"model": 0.3}, accept={"model": [0.7, 20.0]}, conf={"model": [0.8, 50.0]}))
+    assert gained.conf == {"model": [0.8, 50.0]} and gained.accept == kept.accept  # a confidence it lacked: learnt
 
 
 def test_a_table_kept_by_the_previous_version_is_read():

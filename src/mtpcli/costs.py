@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 PRIOR_ACCEPT = 0.6  # a drafted token's acceptance before a source is seen on this machine
-RIDGE = 8.0  # a run's slope of cycle seconds over the width: the prior's weighs as this many cycles one width apart
+RIDGE = 8.0  # a run's slope of cycle seconds over the width: the prior's weighs as 32 cycles at two widths 1 apart
 KEEP_RUNS = 4  # a kept cost moves 1 / (1 + this) of the way towards a run that disagrees with it
 
 
@@ -70,10 +70,10 @@ class Costs:
              if (n := ((d.get("visits") or {}).get(k, []) + [30.0] * len(v))[: len(v)]) and sum(n) > 0}
         shift, conf = ({str(k): [float(v[0]), float(v[1])] for k, v in (d.get(name) or {}).items()}
                        for name in ("shift", "conf"))
-        if not (step > 0 and math.isfinite(step) and all(v >= 0 and math.isfinite(v) for v in
-                                                           [*per.values(), *raw.values()])):
+        if not (step > 0 and math.isfinite(step + extra) and all(v >= 0 and math.isfinite(v) for v in
+                                                                   [*per.values(), *raw.values()])):
             raise ValueError("a non-positive or non-finite cost")
-        if not all(0.0 <= a <= 1.0 and n >= 0 for a, n in accept.values()):
+        if not all(0.0 <= a <= 1.0 and 0 <= n < math.inf for a, n in accept.values()):
             raise ValueError("an acceptance outside [0, 1]")
         if not all(math.isfinite(a) and abs(a) <= 6 and n >= 0 for a, n in shift.values()):
             raise ValueError("a shift outside [-6, 6]")
@@ -92,8 +92,8 @@ class Costs:
                     for s, (x, n) in measured.accept.items())
         same &= all(s in self.shift and abs(self.shift[s][0] - d) <= max(0.5, 4 / math.sqrt(max(n, 1.0)))
                     for s, (d, n) in measured.shift.items())
-        same &= all(abs(self.conf[s][0] - c) <= max(0.05, 0.5 / math.sqrt(max(n, 1.0)))
-                    for s, (c, n) in measured.conf.items() if s in self.conf)
+        same &= all(s in self.conf and abs(self.conf[s][0] - c) <= max(0.05, 0.5 / math.sqrt(max(n, 1.0)))
+                    for s, (c, n) in measured.conf.items())
         if same:
             return self
         w = min(self.runs, KEEP_RUNS)

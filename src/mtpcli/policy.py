@@ -3,12 +3,13 @@ tokens per second:  score(s, k) = sum over rows of E_b[tokens | s, k] / T(s, k) 
 
 E = 1 + sum_j prod_{i<=j} a_i. A source that estimates its own tokens (n-gram lookup, the history) is expected what
 it estimates, moved in log-odds by how the row's drafted tokens fared against their estimates (`shift`); a draft
-model or MTP heads, the acceptance kept for it. A draft model stops inside a draft where one more token is worth
+model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A
+draft model stops inside a draft where one more token is worth
 less than plain steps make in its time (`floor`; its own confidence, calibrated the same way). T(s, k) = step +
 fixed[s] + k * per_token[s], a `Costs` table fixed for the run (this machine's, kept in the run log; before one
 exists, a prior from the models' sizes), while `CostFit` measures this run's by medians and a source this run has
-hardly drafted is tried at cycles 8, 16, 32, ... so that its cost is measured again; a kept table moves only part of
-the way towards one run. Every choice depends on committed tokens and the fixed table, never on this cycle's draws:
+hardly drafted is tried after 8, 16, 32, ... cycles, two cycles in a row (the first catches up), so that its cost
+is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed tokens and the fixed table, never on this cycle's draws:
 the exact law holds, and the same seed with the same table gives the same output. What stays is what a replay
 ablation found to pay (docs/perf/auto.md).
 """
@@ -92,6 +93,7 @@ class AutoPolicy(WidthPolicy):
         self._shifts = {}
         if member is None:
             self.last, self.scored, self.rate, self.tick, self.probe = Plan(None, 0), 0, 0.0, 0, 8
+            self.follow = None  # a probe's source, for its second cycle
             self.drafted = {s: 0 for s in self.sources}  # cycles each source drafted in this run
             self.own = {}  # per source, per row: its own estimates of the tokens it has (this cycle's)
             # the run's findings, pooled over rows, kept for the next run (`measured`): [passed, tested], points
@@ -156,10 +158,12 @@ class AutoPolicy(WidthPolicy):
         scores = self.scores(contexts)
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = scores[(source, k)] / len(contexts)  # the best a row expects: tokens per second
-        lacking = [s for s in self.sources if self.drafted[s] < 3]
-        if self.tick >= self.probe and lacking:  # a probe, from the 8th cycle on, then the 16th, 32nd, ...: a
-            # source drafted less than 3 times in this run drafts its best plan, and its cost is measured again
-            source, k = max((sk for sk in scores if sk[0] in lacking), key=scores.get, default=(source, k))
+        lacking = [s for s in self.sources if self.drafted[s] < 3] if self.tick >= self.probe else []
+        if self.follow or lacking:  # a probe, after 8 cycles, then 16, 32, ...: a source drafted less than 3 times in
+            # this run drafts its best plan two cycles in a row (the first catches up on what it missed, the second's
+            # cost is measured), so that a table measured on a busy machine cannot keep it idle for good
+            want = [self.follow] if self.follow else lacking
+            source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
         self.scored, stops = k, source in self.stops
         self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
                          self.floor(source) if stops else None)
@@ -202,10 +206,12 @@ class AutoPolicy(WidthPolicy):
                 self.seen_conf[source][1] += 1
         k = max(drafted, default=0)
         self.tick += 1
-        if k and source in self.drafted:
-            self.drafted[source] += 1
-            self.probe *= 2 if self.tick > self.probe else 1
-        if seconds is not None and (k or source is None):  # (a draft cut to nothing is neither plain nor k > 0)
+        # a lacking source's first cycle once a probe is due (a probe, even one its stop cut to nothing): not timed
+        cold = self.follow is None and self.drafted.get(source, 3) < 3 and self.tick > self.probe
+        self.follow, self.probe = (source, self.probe * 2) if cold else (None, self.probe)
+        if source in self.drafted:
+            self.drafted[source] += bool(k)
+        if seconds is not None and (k or source is None) and not cold:  # (a draft cut to nothing: neither)
             self.fit.add(source, k, seconds)
 
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
