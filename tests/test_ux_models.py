@@ -216,13 +216,13 @@ def test_generate_in_a_pipe_prints_no_status(cli, tiny_paths):
 # ---- 5. why a --draft-model never drafted under draft = auto ------------------------------------------------
 def test_auto_says_why_the_draft_model_never_drafted(cli, tiny_paths):
     # the draft is as large as the target: a draft token costs more than a target step, so auto drafts with it only
-    # when it probes it (at its 8th cycle: a table measured on a busy machine cannot keep a source idle for good)
+    # when it probes it (two cycles after its 8th, then 16th: a busy machine's table cannot keep a source idle for good)
     r = cli("generate", "-m", tiny_paths["target"], "--draft-model", tiny_paths["draft"], "--draft", "auto",
-            "-p", "ab cd", "--max-tokens", "24", "-q")
+            "-p", "ab cd", "--max-tokens", "200", "-q")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.decode().splitlines() if "drafted in" in line]
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"mtpcli: note: draft model {tiny_paths['draft']} drafted in 1 of ")
+    assert lines[0].startswith(f"mtpcli: note: draft model {tiny_paths['draft']} drafted in ")
     assert "% of a target step" in lines[0] and "accept" in lines[0]
 
 
