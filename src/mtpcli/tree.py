@@ -1,0 +1,85 @@
+"""Draft trees: several candidates per position, verified in one target pass (verify.tree).
+
+A row's tree of N nodes is a block of N + 1 positions: position 0 is the row's last committed token (the root), node
+i sits at position i + 1, and `parents[i]` is the position of its parent (at most i). Nodes are in depth-first order,
+first child first, so the first-child chain is positions 1..d: a path along it needs no gather in the cache. Siblings
+never repeat a deterministic token. A chain is the tree whose parents are 0, 1, 2, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the law and the cache need of a batch's trees (host arrays; padding nodes have parent -1)."""
+    parents: np.ndarray  # (B, N)
+    depth: np.ndarray  # (B, N+1): a position's depth (its RoPE offset past the root)
+    children: np.ndarray  # (B, N+1, K): each position's children in order, -1 where there are fewer
+    ancestors: np.ndarray  # (B, N+1, N+1) bool: [b, i, j] position j is i or one of its ancestors
+
+    @staticmethod
+    def of(parents: np.ndarray) -> Shape:
+        B, N = parents.shape
+        depth = np.zeros((B, N + 1), np.int64)
+        anc = np.zeros((B, N + 1, N + 1), bool)
+        anc[:, np.arange(N + 1), np.arange(N + 1)] = True
+        kids = [[[] for _ in range(N + 1)] for _ in range(B)]
+        for b in range(B):
+            for i, par in enumerate(parents[b]):
+                if par >= 0:
+                    depth[b, i + 1] = depth[b, par] + 1
+                    anc[b, i + 1] |= anc[b, par]
+                    kids[b][par].append(i + 1)
+        K = max(1, max(len(k) for row in kids for k in row))
+        children = np.full((B, N + 1, K), -1, np.int64)
+        for b, row in enumerate(kids):
+            for v, k in enumerate(row):
+                children[b, v, : len(k)] = k
+        return Shape(parents, depth, children, anc)
+
+    def path(self, b: int, node: int) -> list[int]:
+        """The positions from the root's child down to `node` (empty for the root)."""
+        out = []
+        while node > 0:
+            out.append(node)
+            node = int(self.parents[b, node - 1])
+        return out[::-1]
+
+
+def chain(k: int) -> np.ndarray:
+    return np.arange(k)
+
+
+def merge(candidates: list[list[int]], budget: int, width: int) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """A tree from candidate continuations in order of preference (the first is the chain a chain draft would be):
+    each is inserted as a path, sharing the prefix it has with those before; a node gets at most `width` children and
+    the tree at most `budget` nodes. Returns the nodes' tokens and parents in depth-first order, and for each node the
+    (candidate, index) it came from first."""
+    kids: list[list[int]] = [[]]  # trie nodes: 0 is the root
+    token, origin = [-1], [(-1, -1)]
+    for c, cand in enumerate(candidates):
+        v = 0
+        for i, t in enumerate(cand):
+            nxt = next((u for u in kids[v] if token[u] == t), None)
+            if nxt is None:
+                if len(token) > budget or len(kids[v]) >= width:
+                    break
+                nxt = len(token)
+                token.append(t)
+                origin.append((c, i))
+                kids.append([])
+                kids[v].append(nxt)
+            v = nxt
+    tokens, parents, origins = [], [], []
+    stack = [(u, 0) for u in reversed(kids[0])]
+    while stack:  # depth first, first child first
+        u, par = stack.pop()
+        tokens.append(token[u])
+        parents.append(par)
+        origins.append(origin[u])
+        stack += [(w, len(tokens)) for w in reversed(kids[u])]
+    return tokens, parents, origins

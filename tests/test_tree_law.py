@@ -1,0 +1,108 @@
+"""The tree law alone (verify.tree), on a tiny vocabulary without a model: the first and second committed tokens
+follow the target's distribution for deterministic candidates and for candidates sampled from a draft (siblings
+without replacement), at T = 1 and T = 0.7 with top-k; a law that takes a sibling on the wrong proposal must fail."""
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtpcli import verify
+from mtpcli.sampling import SamplingParams, probs
+from mtpcli.tree import Shape, merge
+from stattools import fits
+
+V, N = 6, 6000
+CASES = [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=4)]
+
+
+@functools.lru_cache(maxsize=None)
+def dist(ctx: tuple, draft: bool, sp) -> np.ndarray:
+    """A fixed random 'model': logits depend on the whole context; the draft's are the target's plus noise."""
+    rng = np.random.default_rng(hash(ctx) % 2**32)
+    x = rng.normal(0, 1.5, V)
+    if draft:
+        x = x + np.random.default_rng(hash(ctx) % 2**32 + 7).normal(0, 1.0, V)
+    return np.array(probs(mx.array(x, dtype=mx.float32), sp), dtype=np.float64)
+
+
+def draw(p: np.ndarray, rng) -> int:
+    return int(rng.choice(V, p=p / p.sum()))
+
+
+def draft_tree(ctx: tuple, sp, rng, sampled: bool):
+    """A main chain of 3 from the draft and a second child at the root and at depth 1: deterministic (the draft's
+    next most likely token) or drawn without replacement from the draft's q."""
+    chain, qs = [], []
+    for j in range(3):
+        q = dist(ctx + tuple(chain), True, sp)
+        chain.append(draw(q, rng) if sampled else int(np.argmax(q)))
+        qs.append(q)
+    cands, rows = [chain], {}
+    for d in (0, 1):
+        rest = np.where(np.arange(V) == chain[d], 0.0, qs[d])
+        rest = rest / rest.sum()
+        cands.append(chain[:d] + [draw(rest, rng) if sampled else int(np.argsort(-qs[d])[1])])
+        rows[(len(cands) - 1, d)] = rest
+    tokens, parents, origins = merge(cands, budget=8, width=2)
+    q = np.stack([rows.get((c, i), qs[i]) for c, i in origins])
+    wrong = np.stack([qs[i] for c, i in origins])  # a sibling's own q without the exclusion (the wrong proposal)
+    return tokens, parents, q, wrong
+
+
+def run(sp, sampled: bool, wrong: bool, seed: int = 0):
+    """N draws of the first two committed tokens: one tree per row of one batch, one law call."""
+    ctx, rng = (1, 2), np.random.default_rng(seed)
+    trees = [draft_tree(ctx, sp, rng, sampled) for _ in range(N)]
+    width = max(len(t[0]) for t in trees)
+    pad = lambda a, fill: np.array([list(x) + [fill] * (width - len(x)) for x in a])
+    tokens, parents = pad([t[0] for t in trees], 0), pad([t[1] for t in trees], -1)
+    shape = Shape.of(parents)
+    paths = [[[tokens[b][j - 1] for j in shape.path(b, pos)] for pos in range(width + 1)] for b in range(N)]
+    p = np.stack([[dist(ctx + tuple(path), False, sp) for path in row] for row in paths])
+    q = np.stack([np.concatenate([t[3 if wrong else 2], np.full((width - len(t[0]), V), 1.0 / V)]) for t in trees])
+    q = mx.array(q, dtype=mx.float32) if sampled or wrong else None
+    v = verify.tree(mx.array(p, dtype=mx.float32), q, mx.array(tokens), shape, mx.random.key(seed),
+                    [len(t[0]) for t in trees])
+    first, second, side = [], [], 0
+    for b, (node, tok) in enumerate(zip(v.node.tolist(), v.token.tolist())):
+        out = paths[b][node] + [tok]
+        side += shape.path(b, node) != list(range(1, len(out)))  # the path left the first-child chain
+        if len(out) < 2:  # the next cycle: a plain step
+            out.append(draw(dist(ctx + tuple(out), False, sp), rng))
+        first.append(out[0])
+        second.append(out[1])
+    return np.bincount(first, minlength=V), np.bincount(second, minlength=V), side / N
+
+
+def marginals(sp):
+    p1 = dist((1, 2), False, sp)
+    p2 = sum(p1[x] * dist((1, 2, x), False, sp) for x in range(V))
+    return p1, p2
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+@pytest.mark.parametrize("sp", CASES, ids=str)
+def test_tree_law_commits_the_targets_distribution_at_the_first_and_second_token(sp, sampled):
+    p1, p2 = marginals(sp)
+    c1, c2, side = run(sp, sampled, wrong=False)
+    assert side > 0.05  # siblings were taken, not only the chain
+    assert fits(c1, p1) and fits(c2, p2)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+def test_tree_law_with_a_siblings_wrong_proposal_fails(sampled):
+    sp = CASES[0]
+    p1, _ = marginals(sp)
+    c1, _, _ = run(sp, sampled, wrong=True)
+    assert not fits(c1, p1)
+
+
+def test_greedy_tree_follows_the_argmax_path():
+    # root -> [3 -> [4], 5]: the target's argmax is 5 at the root, then 2: the path is the second child
+    tokens, parents, _ = merge([[3, 4], [5]], budget=8, width=2)
+    logits = np.zeros((1, 4, V), np.float32)
+    logits[0, 0, 5] = logits[0, 3, 2] = 9.0
+    v = verify.tree(mx.array(logits), None, mx.array([tokens]), Shape.of(np.array([parents])), None, greedy=True)
+    assert (int(v.node[0]), int(v.n_accepted[0]), int(v.token[0])) == (3, 1, 2)
