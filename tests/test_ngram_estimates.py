@@ -44,7 +44,7 @@ def test_a_short_match_of_common_tokens_is_a_guess_a_repeated_passage_is_not():
     for context, want in ((mid, (16, 4)), (longer, (8, 8)), ([5] * 5, (4, 4))):
         d = drafter([context])
         d.available([context], 1)  # (indexes the context)
-        assert d.rows[0].find(context) == want
+        assert d.rows[0].find(context)[0] == want
 
 
 def test_no_match_no_estimates():

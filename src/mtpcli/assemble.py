@@ -19,6 +19,7 @@ from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
 from .drafters.ngram import NgramDrafter
 from .engine import DecodeConfig, Engine
+from .errors import ModelError
 from .costs import Costs, prior_costs
 from .policy import AutoPolicy
 from .sampling import SamplingParams
@@ -66,9 +67,25 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
         drafter = NoDraft() if cfg.draft == "none" else source(cfg.draft, cfg, target, draft, store)
         policy = width_policy(cfg)
     eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size)
+    if cfg.tree != "off":
+        use_trees(cfg, eng, drafter)
     if isinstance(policy, AutoPolicy):
         use_kept_costs(policy, costs_key(cfg, eng.batch_size))
     return eng
+
+
+def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
+    """Draft trees for the sources that make them (a budget refused before decoding by a target that cannot verify
+    one in a pass; `auto`: chains there)."""
+    try:
+        eng.target.allow_trees()
+    except ModelError:
+        if cfg.tree != "auto":
+            raise
+        return
+    for d in getattr(drafter, "sources", {"": drafter}).values():
+        if d.trees:
+            d.nodes, d.children = (16 if cfg.tree == "auto" else int(cfg.tree)), cfg.tree_children
 
 
 def _params(model) -> int:

@@ -11,6 +11,7 @@ the model made it: plain decoding of one row works, and speculation is refused b
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
@@ -31,16 +32,20 @@ class Layout:
         self.dense = True  # every row valid in every slot < write: mlx-lm's own masks and an int offset
         self.offset: int | mx.array = 0
         self._block: np.ndarray | None = None
+        self._tree = None
         self._masks: dict = {}
 
-    def begin(self, n: int, block_valid: np.ndarray | None) -> None:
+    def begin(self, n: int, block_valid: np.ndarray | None, tree=None) -> None:
         self._block = np.ones((len(self.pos), n), bool) if block_valid is None else block_valid
+        self._tree = tree  # a tree block (tree.Shape): each node at its depth's position, seeing its ancestors
         self._block_dense = self.dense and bool(self._block.all())
         self.capacity = max(self.capacity, -(-(self.write + n) // STEP) * STEP) if self.bucketed else self.write + n
         # attended slots: the bucketed span, except for one dense token (a plain step), which attends over exactly
         # what is written and needs no mask, as in mlx-lm's own loop
         self.span = self.write + n if not self.bucketed or (self._block_dense and n == 1) else self.capacity
-        if self._block_dense:
+        if tree is not None:
+            self.offset = mx.array(self.pos[:, None] + tree.depth, dtype=mx.int32)  # (B, n): TreeRope's
+        elif self._block_dense:
             self.offset = self.write
         else:
             pads = np.where(self._block.any(1), self._block.argmax(1), n)  # left padding per row
@@ -54,6 +59,8 @@ class Layout:
 
     def _make_mask(self, window: int | None, return_array: bool):
         W, n, span = self.write, self._block.shape[1], self.span
+        if self._tree is not None:
+            return self._tree_mask(window)
         if self._block_dense:
             if span == W + n and (window is None or W + n <= window) and not return_array:
                 return None if n == 1 else "causal"
@@ -74,12 +81,25 @@ class Layout:
         mask |= slot == own  # every query sees itself: no empty rows (padding queries)
         return mx.array(mask[:, None])  # (B, 1, n, span)
 
+    def _tree_mask(self, window: int | None) -> mx.array:
+        """A tree block: each node sees the row's valid context and its own ancestors (itself included)."""
+        W, n = self.write, self._block.shape[1]
+        depth = self._tree.depth
+        mask = np.zeros((len(self.pos), n, self.span), bool)
+        mask[:, :, :W] = self.valid[:, None, :]
+        mask[:, :, W : W + n] = self._tree.ancestors
+        if window:
+            rank, mine = np.cumsum(self.valid, axis=1) - 1, self.pos[:, None] + depth
+            mask[:, :, :W] &= rank[:, None, :] > mine[:, :, None] - window
+            mask[:, :, W : W + n] &= depth[:, :, None] - depth[:, None, :] < window
+        return mx.array(mask[:, None])
+
     def end(self) -> None:
         self.valid = np.concatenate([self.valid, self._block], axis=1)
         self.pos = self.pos + self._block.sum(1)
         self.write += self._block.shape[1]
         self.dense = self._block_dense
-        self._block, self._masks = None, {}
+        self._block, self._tree, self._masks = None, None, {}
 
     def truncate(self, keep: np.ndarray) -> None:
         """Row b keeps its first keep[b] valid tokens; the rest become holes, and slots no row holds any more
@@ -138,6 +158,22 @@ class RowKV:
 
     def is_trimmable(self) -> bool:
         return True
+
+
+class TreeRope(nn.Module):
+    """A layer's RoPE (whichever mlx-lm built) that also takes a (B, n) offset, one position per token: a tree's
+    nodes each at their depth. Every token becomes a batch entry of its own, which mx.fast.rope offsets one by one."""
+
+    def __init__(self, rope):
+        super().__init__()
+        self.inner = rope
+
+    def __call__(self, x, offset=0, **kw):
+        if not isinstance(offset, mx.array) or offset.ndim < 2:
+            return self.inner(x, offset=offset, **kw)
+        B, H, L, D = x.shape
+        y = self.inner(x.transpose(0, 2, 1, 3).reshape(B * L, H, 1, D), offset=offset.reshape(-1), **kw)
+        return y.reshape(B, L, H, D).transpose(0, 2, 1, 3)
 
 
 def layer_kind(c) -> str:
@@ -206,6 +242,19 @@ class LM:
             kinds = sorted({type(c).__name__ for k, c in zip(self.kinds, self.caches) if k == "native"})
             raise ModelError(f"the {self.role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected "
                              "draft; speculative decoding of this model is not supported (use --draft none)")
+
+    def allow_trees(self) -> None:
+        """Tree blocks (verify.tree) in one pass: refused before decoding where a layer cannot take one."""
+        if self.one_row or self.keep_hidden:
+            raise ModelError(f"the {self.role} keeps recurrent state or hands on hidden states: a draft tree cannot "
+                             "be verified in one pass of it (use --spec-tree off)")
+        ropes = [m for _, m in self.model.named_modules() if isinstance(m.get("rope"), nn.Module)]
+        if not ropes:
+            raise ModelError(f"no RoPE found in the {self.role}: a draft tree needs one position per node "
+                             "(use --spec-tree off)")
+        for m in ropes:
+            if not isinstance(m["rope"], TreeRope):
+                m.rope = TreeRope(m["rope"])
 
     # ---- rows -------------------------------------------------------------------------------------------------
     def add_rows(self, n: int) -> None:
@@ -297,9 +346,10 @@ class LM:
         return hidden
 
     # ---- decoding ---------------------------------------------------------------------------------------------
-    def _run(self, tokens: mx.array, valid: np.ndarray | None, head: str):
+    def _run(self, tokens: mx.array, valid: np.ndarray | None, head: str, tree=None):
         """Feed a (B, n) block; head: "all" logits, "last" position's logits only, "none" (hidden states)."""
-        self.layout.begin(tokens.shape[1], valid)
+        self.layout.begin(tokens.shape[1], valid, tree)
+        self._tree_n = tokens.shape[1] if tree is not None else 0
         if self.parts and (head == "none" or self.keep_hidden):  # (the split head is the model's own logits
             h = self.parts[0](tokens, cache=self.caches)         # only for the MTP families: not gemma's)
             if self.keep_hidden:
@@ -313,10 +363,10 @@ class LM:
             self._fed.append(tokens)
         return out
 
-    def forward(self, tokens: mx.array, valid: np.ndarray | None = None, last: bool = False) -> mx.array:
-        """Append a (B, n) block (rows left-padded where `valid` is False) and return its next-token logits,
-        (B, n, V), or (B, 1, V) for the last position only."""
-        return self._run(tokens, valid, "last" if last else "all")
+    def forward(self, tokens: mx.array, valid: np.ndarray | None = None, last: bool = False, tree=None) -> mx.array:
+        """Append a (B, n) block (rows left-padded where `valid` is False; a tree's positions, tree.Shape, with
+        `tree`) and return its next-token logits, (B, n, V), or (B, 1, V) for the last position only."""
+        return self._run(tokens, valid, "last" if last else "all", tree)
 
     @property
     def pos(self) -> np.ndarray:
@@ -351,6 +401,26 @@ class LM:
         if replay.shape[1]:
             self._run(replay, None, "none")
             self.replayed_tokens += replay.shape[1]
+
+    def keep_path(self, before: np.ndarray, paths: list[list[int]]) -> None:
+        """After a tree block of n positions: row b keeps its root and the nodes at positions paths[b], moved to
+        follow it (their keys were made at their depth's position: they stay right where they land)."""
+        n = self._tree_n
+        at = self.layout.write - n
+        if any(p != list(range(1, len(p) + 1)) for p in paths):
+            idx = np.tile(np.arange(n), (self.rows, 1))
+            for b, p in enumerate(paths):
+                idx[b, 1 : 1 + len(p)] = p
+            g = mx.array(idx, dtype=mx.int32)[:, None, :, None]
+
+            def move(a):
+                block = a[..., at : at + n, :]
+                a[..., at : at + n, :] = mx.take_along_axis(block, mx.broadcast_to(g, block.shape), axis=2)
+                return a
+
+            for c in self._kv():
+                c.apply(move)
+        self.truncate(np.asarray(before) + np.array([len(p) for p in paths]) + 1)
 
     def _tidy(self) -> None:
         """Compact once holes take more than half of the slots, or no row holds the first slot any more."""

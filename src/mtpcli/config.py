@@ -71,6 +71,12 @@ class Config:
                                    "law.", _rng(0.0), ">= 0")
     typical_eps: float = key(1.0, "Typical acceptance cap eps: floor = min(eps, delta * exp(-H)).",
                              _rng(0.0, 1.0, lo_open=True), "(0, 1]")
+    tree: str = key("off", "Draft trees: several candidates per position (earlier occurrences, the draft's next most "
+                    "likely tokens) verified in one target pass, exact at every temperature. A node budget per cycle, "
+                    "auto (a tree where its expected tokens per second beat the chain's) or off.",
+                    lambda v: v in ("off", "auto") or (v.isdigit() and 2 <= int(v) <= 64), "off, auto or 2..64",
+                    "--spec-tree")
+    tree_children: int = key(3, "Most children per node of a draft tree.", _rng(2, 8), "2..8", "--spec-tree-children")
     adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
                          flag="--spec-draft-adaptive")
     n_min: int = key(1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min")
@@ -112,7 +118,8 @@ class Config:
     def record(self) -> dict[str, Any]:
         """What the run log and --stats-json keep of the settings."""
         keep = ("model", "draft_model", "draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "temp",
-                "top_p", "top_k", "min_p", "seed", "max_tokens", "typical_threshold", "typical_eps", "history")
+                "top_p", "top_k", "min_p", "seed", "max_tokens", "typical_threshold", "typical_eps", "history",
+                "tree", "tree_children")
         return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in keep}}
 
 
@@ -289,6 +296,9 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
             v[name], origins[name] = prof.values[name], str(prof.origins[name])
         else:
             v[name], origins[name] = spec.default, "default"
+    if v["tree"] != "off" and v["typical_threshold"] > 0:
+        raise UsageError("--spec-tree needs the exact law: it is not used with typical acceptance "
+                         "(--typical-threshold)")
     if v["ngram_min"] > v["ngram_max"]:
         raise UsageError(f"ngram_min ({v['ngram_min']}) must not exceed ngram_max ({v['ngram_max']})")
     if v["draft"] == "model" and not v["draft_model"]:
@@ -313,6 +323,9 @@ def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool
     draft = cfg.draft
     if draft == "auto" and cfg.pinned:
         draft = "model" if cfg.draft_model else "mtp" if has_mtp else "history" if cfg.history else "ngram"
+    if cfg.tree != "off" and (sharded or draft == "mtp"):
+        raise UsageError("--spec-tree is not supported with " + (f"--distributed {cfg.distributed}" if sharded else
+                                                                 "--draft mtp") + " yet (use --spec-tree off)")
     if draft == "mtp" and sharded:
         raise UsageError(f"--draft mtp is not supported with --distributed {cfg.distributed} yet (use --draft model, "
                          "ngram or none)")

@@ -40,9 +40,9 @@ class DecodeConfig:
     def law(self) -> str:
         return "greedy" if self.sampling.greedy else "typical" if self.typical_threshold > 0 else "exact"
 
-    def judge(self, logits, drafts, q, keys, lengths, full: bool = False) -> verify.Judged:
-        return verify.judge(self.sampling, self.typical_threshold, self.typical_eps, logits, drafts, q, keys,
-                            lengths, full)
+    def judge(self, logits, draft, keys, full: bool = False) -> verify.Judged:
+        return verify.judge(self.sampling, self.typical_threshold, self.typical_eps, logits, draft.tokens, draft.q,
+                            keys, draft.lengths, full, draft.tree)
 
 
 @dataclass
@@ -220,33 +220,31 @@ class Engine:
             self.target.checkpoint()  # recurrent layers: the state to roll back to
         f.before, f.width = self.target.pos.copy(), draft.k
         last = self._last(rows, after)[:, None]
-        logits = self.target.forward(mx.concatenate([last, draft.tokens], axis=1) if draft.k else last)
+        logits = self.target.forward(mx.concatenate([last, draft.tokens], axis=1) if draft.k else last,
+                                     tree=draft.tree)
         # plain decoding launches every step ahead: judged in full where such a step could not be undone
         full = not self.drafter.speculates and (self.target.one_row or not self.peer.redo)
         law_keys = [k[1] for k in keys]
-        judged = self.peer.judged(cfg.judge(logits, draft.tokens, draft.q, law_keys, draft.lengths, full), logits)
+        judged = self.peer.judged(cfg.judge(logits, draft, law_keys, full), logits)
         conf = confidence(logits) if self.drafter.speculates and self.policy.observes else None
         launched = time.perf_counter()
         mx.async_eval(judged.verdict.n_accepted, judged.verdict.token, draft.tokens, *judged.sums,
-                      *[x for x in (judged.complete, conf) if x is not None])
+                      *[x for x in (judged.complete, conf, judged.verdict.node) if x is not None])
         f.launch_s = time.perf_counter() - launched
         f.token = judged.verdict.token
         yield f
         if all(r.done for r in rows):  # launched ahead for rows that finished meanwhile: not read
             return self.clock.unread(f)
         if judged.complete is not None and not judged.complete.item():  # rare: a nucleus past the partial selection
-            judged, f.redone = cfg.judge(logits, draft.tokens, draft.q, law_keys, draft.lengths, True), True
+            judged, f.redone = cfg.judge(logits, draft, law_keys, True), True
         n_acc, tok = self.peer.verdict(judged, draft.k)  # THE host sync (rank 0's verdict on every rank)
-        if draft.k:
-            self.target.truncate(f.before + np.array(n_acc) + 1)  # roll back what the law rejected
-        drafted = draft.tokens.tolist() if draft.k else [[]] * len(rows)
-        news = [d[:n] + [t] for d, n, t in zip(drafted, n_acc, tok)]
+        news, chain, kept = self._keep(rows, draft, judged, n_acc, tok, f.before)  # roll back what was rejected
         for ctx, new in zip(contexts, news):
             ctx.extend(new)
         seconds = self.clock.charge(f)
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
-            self.drafter.commit(contexts, n_acc, self.target.hidden)
-            self.policy.update(draft.lengths, n_acc, seconds=seconds if f.timed else None,
+            self.drafter.commit(contexts, kept, self.target.hidden)
+            self.policy.update(chain, kept, seconds=seconds if f.timed else None,
                                source=plan.source if max(caps) else None, requested=draft.requested,
                                chances=draft.chances, chained=after is not None)
             if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
@@ -259,6 +257,24 @@ class Engine:
                                         n_acc[b], news[b], seconds, [x[b] for x in sums], b)
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
+    def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],
+              before: np.ndarray) -> tuple[list[list[int]], list[int], list[int]]:
+        """The target keeps each row's accepted drafts: the committed tokens, and what a drafter and a policy learn
+        from (for a tree: its first-child chain, and how much of the path followed it)."""
+        drafted = draft.tokens.tolist() if draft.k else [[]] * len(rows)
+        if draft.tree is None:
+            if draft.k:
+                self.target.truncate(before + np.array(n_acc) + 1)
+            return [d[:n] + [t] for d, n, t in zip(drafted, n_acc, tok)], draft.lengths, n_acc
+        paths = [draft.tree.path(b, v) for b, v in enumerate(judged.verdict.node.tolist())]
+        self.target.keep_path(before, paths)
+        depth = draft.tree.depth
+        chain = [int(np.argmax(np.append(depth[b, 1:] != np.arange(1, draft.k + 1), True))) for b in range(len(rows))]
+        kept = [next((i for i, j in enumerate(p) if j != i + 1), len(p)) for p in paths]
+        for r, n, p, c in zip(rows, draft.lengths, paths, kept):
+            r.run.record_tree(n, len(p), c < len(p))
+        return [[d[j - 1] for j in p] + [t] for d, p, t in zip(drafted, paths, tok)], chain, kept
+
     def _launch(self, plan: Plan, after: Flight | None = None, fresh: bool = False) -> Flight:
         rest = self.cycle(plan, after)
         f = next(rest)

@@ -118,6 +118,7 @@ class RunStats(_Drafts):
     sources: dict[str, SourceStats] = field(default_factory=dict)  # per draft source, and "plain" (width 0)
     source_trace: list[str] = field(default_factory=list)
     _typical_sums: dict[str, float] = field(default_factory=lambda: Counter())
+    trees: Counter = field(default_factory=Counter)  # tree cycles: cycles, nodes verified, accepted depth, side paths
 
     def record_cycle(self, drafted: int, accepted: int, committed: int, source: str | None = None,
                      seconds: float = 0.0) -> None:
@@ -136,12 +137,15 @@ class RunStats(_Drafts):
         self._typical_sums.update(positions=positions, accepted=accepted, resamples=int(resampled),
                                   entropy=entropy_sum, floor=floor_sum)
 
+    def record_tree(self, nodes: int, depth: int, side: bool) -> None:
+        self.trees.update(cycles=1, nodes=nodes, depth=depth, side=int(side))
+
     def merge(self, other: "RunStats") -> "RunStats":
         """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
                      "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
-                     "source_trace"):
+                     "source_trace", "trees"):
             setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
@@ -194,6 +198,10 @@ class RunStats(_Drafts):
               "source_trace": self.source_trace}
         if self.typical is not None:
             d["typical_acceptance"] = self.typical_summary()
+        if self.trees:
+            n = self.trees["cycles"]
+            d["trees"] = {"cycles": n, "chain_cycles": sum(v for k, v in self.draft_widths.items() if k) - n, "nodes_per_cycle": self.trees["nodes"] / n,
+                          "accepted_depth": self.trees["depth"] / n, "side_paths": self.trees["side"]}
         return d
 
 
@@ -260,6 +268,11 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))
     if d.get("floor_cut_drafts"):
         rows.append(("floor_cut_drafts", str(d["floor_cut_drafts"])))
+    if d.get("trees"):
+        t = d["trees"]
+        rows.append(("trees", f"{t['cycles']} cycles ({t['chain_cycles']} chains), {t['nodes_per_cycle']:.1f} nodes "
+                              f"verified per cycle, accepted depth {t['accepted_depth']:.2f}, "
+                              f"{t['side_paths']} paths through a later child"))
     sources = d.get("sources") or {}
     if len(sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
         for name, st in plain_last(sources):

@@ -175,15 +175,14 @@ class Judged:
 
 
 def judge(sp: SamplingParams, threshold: float, eps: float, logits: mx.array, drafts: mx.array, q: mx.array | None,
-          keys: list, lengths: list[int], full: bool = False, parents=None) -> Judged:
+          keys: list, lengths: list[int], full: bool = False, shape: Shape | None = None) -> Judged:
     """The configured law on one verify pass of B rows: greedy at T = 0, typical acceptance with a threshold, else
     the exact law. Where the target's p came from the partial selection (sampling.shaped), `complete` says whether
     it was exact; where not, the caller judges again with full=True and the same keys (so the same draws)."""
     k = drafts.shape[1]
     if all(n == k for n in lengths):
         lengths = None  # every row drafted the full width: no padding to mask
-    shape = None if parents is None else Shape.of(parents)  # a tree (parents: (B, k) positions, tree.py)
-    if sp.greedy and shape is not None:
+    if sp.greedy and shape is not None:  # a draft tree (tree.py)
         return Judged(tree(logits, None, drafts, shape, keys, lengths, greedy=True))
     if sp.greedy:
         if k == 0:  # a plain step: the argmax, in as few device operations as mlx-lm's loop

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
+import numpy as np
 
 from ..controller import Plan
 from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
+from ..tree import Shape, merge
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Draft:
     requested: list[int]  # the width each row was asked for
     chances: list[list[float]] | None = None  # per row, each drafted token's chance to pass as its source
     #                                           estimates it (n-gram match, the draft's confidence), if it does
+    tree: Shape | None = None  # a tree of drafts (tree.py; tokens by node, lengths its nodes), None for chains
 
     @property
     def k(self) -> int:
@@ -52,7 +55,8 @@ def passes(conf: float, greedy: bool) -> float:
 
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
-                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None) -> Draft:
+                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None,
+                dists: bool = False) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own keys,
     so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely token
@@ -73,6 +77,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
         if sp.greedy:
             t = mx.argmax(logits, axis=-1).astype(mx.int32)
             conf = mx.softmax(logits.astype(mx.float32), axis=-1)
+            if dists:  # (what a tree's siblings are chosen from; the greedy law reads no q)
+                qs.append(conf)
         else:
             conf = q = probs(logits, sp)
             t = mx.concatenate([sample(q[b], row_keys[b][j]).reshape(1) if j < caps[b] else
@@ -109,6 +115,8 @@ class Drafter:
     needs_hidden = False  # asks the engine for the target's hidden states
     max_rows: int | None = None  # caps the batch (None: any)
     stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
+    trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
+    nodes, children = 0, 1  # (nodes 0: chains)
 
     def add_rows(self, n: int) -> None:
         """The batch grows by n rows."""
@@ -149,13 +157,37 @@ class Lookup(Drafter):
         drafts fared: policy.AutoPolicy.shift), with its tokens; empty where there is none."""
         return [Lookahead(*self.look(b, c, k)[::-1]) for b, c in enumerate(contexts)]
 
+    trees = True
+
+    def looks(self, row: int, context: list[int], k: int, count: int) -> list[tuple[list[int], list[float]]]:
+        """Up to `count` candidate drafts (tokens, estimates) for a tree, the chain's own first."""
+        return [self.look(row, context, k)]
+
     def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
         """The rows' drafts padded to the longest; each row as long as its own."""
+        if self.nodes:
+            return self.tree(contexts, caps)
         found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
         k = max(len(f) for f, _ in found)
         tokens = mx.array([f + [0] * (k - len(f)) for f, _ in found], dtype=mx.int32).reshape(len(found), k)
         lengths = [len(f) for f, _ in found]
         return Draft(tokens, None, lengths, lengths, [c for _, c in found])
+
+
+    def tree(self, contexts, caps) -> Draft:
+        """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap."""
+        rows = []
+        for b, (c, k) in enumerate(zip(contexts, caps)):
+            cands = self.looks(b, c, k, 2 * self.children) if k > 0 else []
+            tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
+            chain = next((i for i, par in enumerate(parents) if par != i), len(parents))
+            rows.append((tokens, parents, cands[0][1][:chain] if cands else []))
+        n = max(len(t) for t, _, _ in rows)
+        if n == 0:
+            return empty(caps)
+        tokens = mx.array([t + [0] * (n - len(t)) for t, _, _ in rows], dtype=mx.int32)
+        parents = np.array([p + [-1] * (n - len(p)) for _, p, _ in rows])
+        return Draft(tokens, None, [len(t) for t, _, _ in rows], list(caps), [c for _, _, c in rows], Shape.of(parents))
 
 
 class NoDraft(Drafter):

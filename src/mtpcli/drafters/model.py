@@ -7,12 +7,14 @@ import numpy as np
 
 from ..cache import LM
 from ..sampling import SamplingParams
+from ..tree import Shape, merge
 from . import Draft, Drafter, autoregress
 
 
 class ModelDrafter(Drafter):
     name = "model"
     stops = True
+    trees = True
 
     def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512):
         self.lm = LM(model, role="draft model", prefill_step=prefill_step)
@@ -54,7 +56,49 @@ class ModelDrafter(Drafter):
             self._fed += 1
             return self.lm.forward(*block, last=True)[:, -1]
 
-        return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
+        if not self.nodes:
+            return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
+        split = [mx.random.split(k) if k is not None else (None, None) for k in keys]
+        chain = autoregress(step, caps, sp, [a for a, _ in split], self.p_min, *(plan and plan.stop or ()),
+                            dists=True)
+        return self.tree(chain, sp, [b for _, b in split])
+
+    def tree(self, chain: Draft, sp: SamplingParams, keys: list) -> Draft:
+        """The chain, and siblings at its least sure positions (where the draft's most likely token is least
+        probable), `children` - 1 at most per position and `nodes` in all: at T = 0 the draft's next most likely
+        tokens, at T > 0 drawn without replacement from its q (Gumbel-top-k), each with the proposal it was drawn
+        from (q without the tokens before it). Where siblings go depends on the chain's q, never on their tokens."""
+        if not chain.k:
+            return chain
+        q, V = chain.q, chain.q.shape[-1]
+        conf = q.max(axis=-1).tolist()
+        rows = []
+        for b, n in enumerate(chain.lengths):
+            toks, room = chain.tokens[b].tolist()[:n], self.nodes - n
+            cands, props = [toks], {}
+            for d in sorted(range(n), key=lambda d: conf[b][d]):
+                rest = mx.where(mx.arange(V) == toks[d], 0.0, q[b, d])
+                take = min(self.children - 1, room, int((rest > 0).sum()))  # (a truncated q has few tokens)
+                if room <= 0:
+                    break
+                if sp.greedy:
+                    alts = mx.argsort(-rest)[:take].tolist()
+                else:  # Gumbel-top-k: the order of draws without replacement
+                    g = mx.random.gumbel(shape=(V,), key=mx.random.split(keys[b], n)[d])
+                    alts = mx.argsort(-(mx.log(rest) + g))[:take].tolist()
+                for a in alts:
+                    props[len(cands)] = rest / rest.sum()
+                    rest = mx.where(mx.arange(V) == a, 0.0, rest)
+                    cands.append(toks[:d] + [a])
+                room -= take
+            tokens, parents, origins = merge(cands, self.nodes, self.children)
+            rows.append((tokens, parents, [q[b, i] if c == 0 else props[c] for c, i in origins]))
+        N = max(len(t) for t, _, _ in rows)
+        pad = mx.full((V,), 1.0 / V)
+        return Draft(mx.array([t + [0] * (N - len(t)) for t, _, _ in rows], dtype=mx.int32),
+                     mx.stack([mx.stack(r + [pad] * (N - len(r))) for _, _, r in rows]),
+                     [len(t) for t, _, _ in rows], chain.requested, chain.chances,
+                     Shape.of(np.array([p + [-1] * (N - len(p)) for _, p, _ in rows])))
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         if self._fed:  # the cache holds each row's old context, its pending tokens and fed-1 drafts

@@ -25,24 +25,33 @@ class Index:
 
     def __init__(self, n_min: int, n_max: int):
         self.tables: dict[int, dict[tuple, int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.before: dict[int, dict[int, int]] = {n: {} for n in self.tables}  # start -> the n-gram's previous start
         self.done = {n: 0 for n in self.tables}  # positions indexed so far, per n
 
-    def find(self, context: list[int]) -> tuple[int, int] | None:
-        """(end, m), or None without a match: the latest earlier occurrence of the context's last n tokens (longest
-        n first) ends before `end`, and m tokens before `end` equal the context's last m (n or more, <= MAX_MATCH)."""
+    def find(self, context: list[int], count: int = 1) -> list[tuple[int, int]]:
+        """Up to `count` (end, m), latest first: earlier occurrences of the context's last n tokens (the longest n
+        that has one) end before `end`, and m tokens before `end` equal the context's last m (n or more, <=
+        MAX_MATCH); empty without a match."""
         for n, table in self.tables.items():
             # index every start i whose n-gram has a continuation inside the context: i + n < len(context)
             for i in range(self.done[n], len(context) - n):
-                table[tuple(context[i : i + n])] = i
+                key = tuple(context[i : i + n])
+                if key in table:
+                    self.before[n][i] = table[key]
+                table[key] = i
             self.done[n] = max(self.done[n], len(context) - n)
         for n in sorted(self.tables, reverse=True):
             i = self.tables[n].get(tuple(context[-n:])) if len(context) > n else None
-            if i is not None:
+            found = []
+            while i is not None and len(found) < count:
                 end, m = i + n, n
                 while m < MAX_MATCH and m < end and context[end - 1 - m] == context[-1 - m]:
                     m += 1
-                return end, m
-        return None
+                found.append((end, m))
+                i = self.before[n].get(i)
+            if found:
+                return found
+        return []
 
 
 class NgramDrafter(Lookup):
@@ -57,9 +66,9 @@ class NgramDrafter(Lookup):
 
     def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
         """A row's draft of up to k tokens and each token's estimate (the module's formula) given the ones before."""
-        found = self.rows[row].find(context)
-        if found is None:
-            return [], []
-        end, m = found
-        draft = context[end : end + k]
-        return draft, [1.0 / (1.0 + PSEUDO / (m + d) ** POWER) for d in range(len(draft))]
+        return (self.looks(row, context, k, 1) or [([], [])])[0]
+
+    def looks(self, row: int, context: list[int], k: int, count: int) -> list[tuple[list[int], list[float]]]:
+        """The drafts of up to `count` earlier occurrences, latest first (a tree's candidates)."""
+        found = [(context[end : end + k], m) for end, m in self.rows[row].find(context, count)]
+        return [(d, [1.0 / (1.0 + PSEUDO / (m + i) ** POWER) for i in range(len(d))]) for d, m in found]

@@ -1,0 +1,128 @@
+"""Draft trees through the engine (issue 34): greedy identity with --draft none (full-attention and sliding-window
+targets, one row and a ragged batch; a hybrid target keeps chains), and the first and second committed tokens
+distributed as the target's at T = 1 and T = 0.7 with top-k, for deterministic (n-gram) and sampled (draft model)
+candidates, beside a negative control that must fail."""
+
+import types
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtpcli import assemble, models, verify
+from mtpcli.controller import FixedWidth
+from mtpcli.drafters import NoDraft
+from mtpcli.drafters.model import ModelDrafter
+from mtpcli.drafters.ngram import NgramDrafter
+from mtpcli.engine import DecodeConfig, Engine, Request
+from mtpcli.errors import ModelError
+from mtpcli.sampling import SamplingParams, probs
+from stattools import fits
+
+PROMPTS = ["abxabyabzab", "def fib(n):", "the sea is "]
+N = 2500
+
+
+@pytest.fixture(scope="module")
+def window(tmp_path_factory):
+    from tiny import make_hybrid_model, make_windowed_model
+
+    root = tmp_path_factory.mktemp("treeeng")
+    return models.load(str(make_windowed_model(root / "w"))), models.load(str(make_hybrid_model(root / "h")))
+
+
+def engine(target, drafter, width=4, nodes=8, batch_size=1, **cfg):
+    eng = Engine(target.model, drafter, FixedWidth(width if nodes is not None else 0), (), DecodeConfig(**cfg),
+                 batch_size)
+    if nodes:
+        eng.target.allow_trees()
+        drafter.nodes, drafter.children = nodes, 3
+    return eng
+
+
+def run(eng, tok, prompts, n=1, max_tokens=40, seed=0):
+    reqs = [Request(i, list(tok.encode(p)), max_tokens, seed, c) for i, (p, c) in
+            enumerate((p, c) for p in prompts for c in range(n))]
+    outs = [[] for _ in reqs]
+    for ev in eng.generate(reqs):
+        outs[ev.request].extend(ev.tokens)
+    return outs
+
+
+def drafters(draft):
+    return {"ngram": lambda: NgramDrafter(1, 3), "model": lambda: ModelDrafter(draft.model)}
+
+
+@pytest.mark.parametrize("kind", ["full", "window"])
+@pytest.mark.parametrize("source", ["ngram", "model"])
+def test_greedy_tree_decoding_equals_plain_decoding_one_row_and_a_ragged_batch(tiny, window, kind, source):
+    target = tiny[0] if kind == "full" else window[0]
+    tok = target.tokenizer
+    plain = run(engine(target, NoDraft(), nodes=None), tok, PROMPTS)
+    for batch in (1, 3):
+        eng = engine(target, drafters(tiny[1])[source](), batch_size=batch)
+        assert run(eng, tok, PROMPTS) == plain
+        trees = eng.stats.to_dict()["trees"]
+        assert trees["cycles"] > 0 and trees["nodes_per_cycle"] > 1
+
+
+def test_a_tree_takes_later_children_and_commits_more_per_cycle_on_branching_text(tiny):
+    target, draft = tiny
+    eng = engine(target, ModelDrafter(draft.model), nodes=12)
+    run(eng, target.tokenizer, PROMPTS, max_tokens=60)
+    assert eng.stats.to_dict()["trees"]["side_paths"] > 0
+
+
+def test_a_hybrid_target_keeps_chains_under_auto_and_refuses_a_budget(tiny, window):
+    target = window[1]
+    for tree, refused in (("auto", False), ("8", True)):
+        drafter = NgramDrafter(1, 3)
+        eng = engine(target, drafter, nodes=0)
+        cfg = types.SimpleNamespace(tree=tree, tree_children=3)
+        if refused:
+            with pytest.raises(ModelError, match="tree"):
+                assemble.use_trees(cfg, eng, drafter)
+        else:
+            assemble.use_trees(cfg, eng, drafter)
+            assert drafter.nodes == 0
+            plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS[:1])
+            assert run(eng, target.tokenizer, PROMPTS[:1]) == plain
+
+
+def marginals(model, ids, sp):
+    law = lambda x: np.array(probs(x, sp), dtype=np.float64)  # noqa: E731
+    p1 = law(model(mx.array([ids]))[0, -1])
+    p2 = sum(p1[x] * law(model(mx.array([ids + [int(x)]]))[0, -1]) for x in np.nonzero(p1)[0])
+    return p1, p2
+
+
+CASES = [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=8)]
+
+
+@pytest.mark.parametrize("sp", CASES, ids=str)
+@pytest.mark.parametrize("source", ["ngram", "model"])
+def test_tree_decoding_commits_the_targets_distribution_at_the_first_and_second_token(tiny, sp, source):
+    target, draft = tiny
+    prompt = PROMPTS[0]
+    ids = list(target.tokenizer.encode(prompt))
+    p1, p2 = marginals(target.model, ids, sp)
+    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=2)
+    outs = run(eng, target.tokenizer, [prompt], n=N, max_tokens=2)
+    trees = eng.stats.to_dict()["trees"]
+    assert trees["cycles"] > 0 and trees["side_paths"] > 0  # trees were verified, and later children taken
+    c1, c2 = (np.bincount([o[i] for o in outs], minlength=len(p1)) for i in (0, 1))
+    assert fits(c1, p1) and fits(c2, p2)
+
+
+@pytest.mark.parametrize("source", ["ngram", "model"])
+def test_a_tree_law_that_tests_later_children_against_p_instead_of_the_residual_fails(tiny, monkeypatch, source):
+    """The negative control: each child tried, and the last token drawn, against p itself (not what is left of it
+    once the children before were refused)."""
+    target, draft = tiny
+    sp = CASES[0]
+    ids = list(target.tokenizer.encode(PROMPTS[0]))
+    p1, _ = marginals(target.model, ids, sp)
+    monkeypatch.setattr(verify, "residual", lambda p, q, d: p)
+    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=2)
+    outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
+    assert not fits(np.bincount([o[0] for o in outs], minlength=len(p1)), p1)
