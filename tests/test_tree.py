@@ -49,8 +49,15 @@ def run(eng, tok, prompts, n=1, max_tokens=40, seed=0):
     return outs
 
 
+def costed(d):
+    """tree = auto's decision, under a cost where a node past the chain costs a fifth of a drafted token."""
+    d.cost = lambda k, n: 1.0 + 0.1 * k + 0.02 * (n - k)
+    return d
+
+
 def drafters(draft):
-    return {"ngram": lambda: NgramDrafter(1, 3), "model": lambda: ModelDrafter(draft.model)}
+    return {"ngram": lambda: NgramDrafter(1, 3), "model": lambda: ModelDrafter(draft.model),
+            "model-auto": lambda: costed(ModelDrafter(draft.model)), "ngram-auto": lambda: costed(NgramDrafter(1, 3))}
 
 
 @pytest.mark.parametrize("kind", ["full", "window"])
@@ -100,7 +107,7 @@ CASES = [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=8)]
 
 
 @pytest.mark.parametrize("sp", CASES, ids=str)
-@pytest.mark.parametrize("source", ["ngram", "model"])
+@pytest.mark.parametrize("source", ["ngram", "model", "model-auto"])
 def test_tree_decoding_commits_the_targets_distribution_at_the_first_and_second_token(tiny, sp, source):
     target, draft = tiny
     prompt = PROMPTS[0]
@@ -126,3 +133,21 @@ def test_a_tree_law_that_tests_later_children_against_p_instead_of_the_residual_
     eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=2)
     outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
     assert not fits(np.bincount([o[0] for o in outs], minlength=len(p1)), p1)
+
+
+def test_auto_trees_where_siblings_are_likely_enough_to_pay_for_their_verification():
+    from mtpcli.tree import expected, pays
+
+    assert expected([0, 1, 0], [0.5, 0.5, 0.4]) == pytest.approx(0.5 + 0.25 + 0.4)
+    assert expected([0, 0], [0.8, 0.8]) == pytest.approx(1.0)  # one sibling at most is taken
+    cheap, dear = (lambda k, n: 1.0 + 0.1 * k + 0.01 * (n - k)), (lambda k, n: 1.0 + 0.1 * k + 0.5 * (n - k))
+    tree = [([0, 1, 0], [0.5, 0.5, 0.4])]
+    assert pays(tree, [2], cheap) and not pays(tree, [2], dear)
+
+
+def test_greedy_auto_trees_equal_plain_decoding(tiny):
+    target = tiny[0]
+    plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS)
+    for source in ("ngram-auto", "model-auto"):
+        eng = engine(target, drafters(tiny[1])[source](), batch_size=3)
+        assert run(eng, target.tokenizer, PROMPTS) == plain

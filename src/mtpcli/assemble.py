@@ -3,6 +3,7 @@ with this machine's kept cost table, and keeps what the run measured for the nex
 
 from __future__ import annotations
 
+import functools
 import platform
 from typing import Any
 
@@ -74,6 +75,9 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
     return eng
 
 
+AUTO_TREE = 16  # tree = auto: the most nodes a tree may have
+
+
 def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
     """Draft trees for the sources that make them (a budget refused before decoding by a target that cannot verify
     one in a pass; `auto`: chains there)."""
@@ -83,9 +87,21 @@ def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
         if cfg.tree != "auto":
             raise
         return
-    for d in getattr(drafter, "sources", {"": drafter}).values():
+    policy = eng.policy
+    named = drafter.sources if isinstance(drafter, AutoDrafter) else {drafter.name: drafter}
+    for name, d in named.items():
         if d.trees:
-            d.nodes, d.children = (16 if cfg.tree == "auto" else int(cfg.tree)), cfg.tree_children
+            d.nodes, d.children = (AUTO_TREE if cfg.tree == "auto" else int(cfg.tree)), cfg.tree_children
+        if d.trees and cfg.tree == "auto":
+            d.cost = functools.partial(_tree_cost, policy, name)
+
+
+def _tree_cost(policy, name: str, k: int, n: int) -> float:
+    """A cycle's seconds drafting k tokens of `name` and verifying n, from auto's table (else the prior): a node
+    past the chain costs what a lookup token does (its verification)."""
+    prior = prior_costs([name, "ngram"], {}, mx.default_device() == mx.gpu)
+    costs = policy.costs if isinstance(policy, AutoPolicy) else prior
+    return costs.time(name, k) + (n - k) * costs.per_token.get("ngram", prior.per_token["ngram"] * costs.step)
 
 
 def _params(model) -> int:

@@ -348,10 +348,6 @@ def _sigterm(_signum, _frame) -> None:
     raise KeyboardInterrupt(EXIT_TERMINATED)
 
 
-def _interrupted(e: BaseException | None) -> int:
-    return EXIT_TERMINATED if e is not None and e.args == (EXIT_TERMINATED,) else EXIT_INTERRUPTED
-
-
 def main() -> None:
     rich.console.Console.on_broken_pipe = _pipe_closed
     blas.fast()
@@ -368,11 +364,9 @@ def main() -> None:
     except MtpError as e:
         print(f"mtpcli: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
     except KeyboardInterrupt as e:
         print("mtpcli: interrupted", file=sys.stderr)
-        sys.exit(_interrupted(e))
+        sys.exit(EXIT_TERMINATED if e.args == (EXIT_TERMINATED,) else EXIT_INTERRUPTED)
     except BrokenPipeError:  # every command alike: silent, 141 (as a shell reports a process SIGPIPE ended)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())  # nothing left to flush at exit
         sys.exit(EXIT_PIPE)
@@ -383,8 +377,8 @@ def main() -> None:
             elif e.format_message():
                 print(f"mtpcli: error: {e.format_message()}", file=sys.stderr)
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":  # click's Ctrl-C (or our SIGTERM)
-            sys.exit(_interrupted(e.__cause__))
+        if type(e).__name__ == "Abort":  # Ctrl-C (or our SIGTERM) in a prompt: typer raises it `from None`
+            sys.exit(EXIT_INTERRUPTED)
         if os.environ.get("MTPCLI_DEBUG"):
             raise
         print(f"mtpcli: internal error: {type(e).__name__}: {e} (MTPCLI_DEBUG=1 shows the traceback)", file=sys.stderr)

@@ -228,8 +228,6 @@ def check_value(name: str, value: Any, where: str) -> Any:
         hint = difflib.get_close_matches(name, list(SCHEMA) + sorted(META_KEYS), n=1, cutoff=0.4)
         raise UsageError(f"{where}: unknown key '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""))
     spec = SCHEMA[name]
-    if value is None:
-        return None
     if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, spec.type) or (spec.type is int and isinstance(value, bool)):

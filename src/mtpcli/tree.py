@@ -83,3 +83,26 @@ def merge(candidates: list[list[int]], budget: int, width: int) -> tuple[list[in
         origins.append(origin[u])
         stack += [(w, len(tokens)) for w in reversed(kids[u])]
     return tokens, parents, origins
+
+
+def expected(parents: list[int], chances: list[float]) -> float:
+    """Expected accepted nodes of a tree whose node i passes with chances[i] once its parent is reached (siblings'
+    chances scaled to sum to at most 1: one of them at most is taken)."""
+    total = [0.0] * (len(parents) + 1)
+    for i, par in enumerate(parents):
+        total[par] += chances[i]
+    reach, out = [1.0] + [0.0] * len(parents), 0.0
+    for i, par in enumerate(parents):
+        reach[i + 1] = reach[par] * chances[i] / max(1.0, total[par])
+        out += reach[i + 1]
+    return out
+
+
+def pays(trees: list[tuple[list[int], list[float]]], chain: list[int], cost) -> bool:
+    """Whether the rows' trees (parents, chances) are expected to commit more tokens per second than their
+    first-child chains (`chain`: each row's chain length), a cycle drafting a chain of k and verifying n nodes
+    costing cost(k, n) seconds."""
+    n, k = max(len(p) for p, _ in trees), max(chain)
+    gain = sum(1.0 + expected(p, c) for p, c in trees) / cost(k, n)
+    alone = sum(1.0 + expected(list(range(m)), c[:m]) for (_, c), m in zip(trees, chain)) / cost(k, k)
+    return gain > alone

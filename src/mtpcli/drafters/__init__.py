@@ -15,7 +15,7 @@ import numpy as np
 from ..controller import Plan
 from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
-from ..tree import Shape, merge
+from ..tree import Shape, merge, pays
 
 
 @dataclass
@@ -117,6 +117,7 @@ class Drafter:
     stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
     trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
     nodes, children = 0, 1  # (nodes 0: chains)
+    cost = None  # tree = auto: a pass of n tokens costs cost(n) seconds; a tree is drafted where it pays (tree.pays)
 
     def add_rows(self, n: int) -> None:
         """The batch grows by n rows."""
@@ -165,8 +166,9 @@ class Lookup(Drafter):
 
     def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
         """The rows' drafts padded to the longest; each row as long as its own."""
-        if self.nodes:
-            return self.tree(contexts, caps)
+        tree = self.tree(contexts, caps) if self.nodes else None
+        if tree is not None:
+            return tree
         found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
         k = max(len(f) for f, _ in found)
         tokens = mx.array([f + [0] * (k - len(f)) for f, _ in found], dtype=mx.int32).reshape(len(found), k)
@@ -174,17 +176,21 @@ class Lookup(Drafter):
         return Draft(tokens, None, lengths, lengths, [c for _, c in found])
 
 
-    def tree(self, contexts, caps) -> Draft:
-        """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap."""
-        rows = []
+    def tree(self, contexts, caps) -> Draft | None:
+        """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap; None (a chain)
+        under tree = auto where the tree does not pay."""
+        rows, chances = [], []
         for b, (c, k) in enumerate(zip(contexts, caps)):
             cands = self.looks(b, c, k, 2 * self.children) if k > 0 else []
             tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
             chain = next((i for i, par in enumerate(parents) if par != i), len(parents))
             rows.append((tokens, parents, cands[0][1][:chain] if cands else []))
+            chances.append((parents, [cands[o][1][i] for o, i in origins]))
         n = max(len(t) for t, _, _ in rows)
         if n == 0:
             return empty(caps)
+        if self.cost is not None and not pays(chances, [len(c) for _, _, c in rows], self.cost):
+            return None
         tokens = mx.array([t + [0] * (n - len(t)) for t, _, _ in rows], dtype=mx.int32)
         parents = np.array([p + [-1] * (n - len(p)) for _, p, _ in rows])
         return Draft(tokens, None, [len(t) for t, _, _ in rows], list(caps), [c for _, _, c in rows], Shape.of(parents))

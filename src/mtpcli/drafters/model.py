@@ -7,8 +7,8 @@ import numpy as np
 
 from ..cache import LM
 from ..sampling import SamplingParams
-from ..tree import Shape, merge
-from . import Draft, Drafter, autoregress
+from ..tree import Shape, merge, pays
+from . import Draft, Drafter, autoregress, passes
 
 
 class ModelDrafter(Drafter):
@@ -72,27 +72,33 @@ class ModelDrafter(Drafter):
             return chain
         q, V = chain.q, chain.q.shape[-1]
         conf = q.max(axis=-1).tolist()
-        rows = []
+        rows, chances = [], []
         for b, n in enumerate(chain.lengths):
             toks, room = chain.tokens[b].tolist()[:n], self.nodes - n
             cands, props = [toks], {}
             for d in sorted(range(n), key=lambda d: conf[b][d]):
-                rest = mx.where(mx.arange(V) == toks[d], 0.0, q[b, d])
-                take = min(self.children - 1, room, int((rest > 0).sum()))  # (a truncated q has few tokens)
                 if room <= 0:
                     break
+                rest = mx.where(mx.arange(V) == toks[d], 0.0, q[b, d])
+                take = min(self.children - 1, room, int((rest > 0).sum()))  # (a truncated q has few tokens)
                 if sp.greedy:
                     alts = mx.argsort(-rest)[:take].tolist()
                 else:  # Gumbel-top-k: the order of draws without replacement
                     g = mx.random.gumbel(shape=(V,), key=mx.random.split(keys[b], n)[d])
                     alts = mx.argsort(-(mx.log(rest) + g))[:take].tolist()
+                # a sibling's chance (tree = auto): at T > 0 what a draw of it is expected to hold, not its token's
+                chance = None if sp.greedy or self.cost is None else ((rest * rest).sum() / rest.sum()).item()
                 for a in alts:
-                    props[len(cands)] = rest / rest.sum()
+                    props[len(cands)] = (rest / rest.sum(), chance if chance is not None or self.cost is None else
+                                         q[b, d, a].item())
                     rest = mx.where(mx.arange(V) == a, 0.0, rest)
                     cands.append(toks[:d] + [a])
                 room -= take
             tokens, parents, origins = merge(cands, self.nodes, self.children)
-            rows.append((tokens, parents, [q[b, i] if c == 0 else props[c] for c, i in origins]))
+            rows.append((tokens, parents, [q[b, i] if c == 0 else props[c][0] for c, i in origins]))
+            chances.append((parents, [passes(conf[b][i], sp.greedy) if c == 0 else props[c][1] for c, i in origins]))
+        if self.cost is not None and not pays(chances, chain.lengths, self.cost):
+            return Draft(chain.tokens, None if sp.greedy else chain.q, chain.lengths, chain.requested, chain.chances)
         N = max(len(t) for t, _, _ in rows)
         pad = mx.full((V,), 1.0 / V)
         return Draft(mx.array([t + [0] * (N - len(t)) for t, _, _ in rows], dtype=mx.int32),
