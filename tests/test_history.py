@@ -80,7 +80,7 @@ def test_a_kept_prompt_lengthens_the_match():
     store = store_of(doc([20, 21], prompt=[1, 2, 3]), doc([30, 31]), doc([30, 31]))
     # the first answer's prompt matches this row's: its match (prompt + OUT) is the longest
     assert draft_for(store, [1, 2, 3], [])[:1] == [20]
-    assert continuation([], np.array([1, OUT]), 4) == ([], [])
+    assert continuation([], np.array([1, OUT]), 4) == [([], [])]
 
 
 def test_a_match_never_counts_past_the_start_of_the_context():

@@ -151,3 +151,32 @@ def test_greedy_auto_trees_equal_plain_decoding(tiny):
     for source in ("ngram-auto", "model-auto"):
         eng = engine(target, drafters(tiny[1])[source](), batch_size=3)
         assert run(eng, target.tokenizer, PROMPTS) == plain
+
+
+def history_drafter(target, prompt, seeds=6):
+    """A history of earlier answers to the prompt at T = 1: several continuations per suffix (a tree's branches)."""
+    from mtpcli.drafters.history import HistoryDrafter
+    from mtpcli.history import Doc, Store
+
+    ids = list(target.tokenizer.encode(prompt))
+    outs = [run(engine(target, NoDraft(), nodes=None, sampling=SamplingParams(temp=1.0)), target.tokenizer,
+                [prompt], max_tokens=12, seed=s)[0] for s in range(seeds)]
+    store = Store("t")
+    store.docs = [Doc(np.array(o, np.int64), np.array(ids, np.int64)) for o in outs]
+    return HistoryDrafter(store)
+
+
+def test_history_trees_greedy_identity_and_the_targets_distribution(tiny):
+    target = tiny[0]
+    plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS[:1])
+    eng = engine(target, history_drafter(target, PROMPTS[0]))
+    assert run(eng, target.tokenizer, PROMPTS[:1]) == plain
+    sp = CASES[0]
+    ids = list(target.tokenizer.encode(PROMPTS[0]))
+    p1, p2 = marginals(target.model, ids, sp)
+    eng = engine(target, history_drafter(target, PROMPTS[0]), batch_size=250, sampling=sp, max_tokens=2)
+    outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
+    trees = eng.stats.to_dict()["trees"]
+    assert trees["cycles"] > 0 and trees["side_paths"] > 0
+    c1, c2 = (np.bincount([o[i] for o in outs], minlength=len(p1)) for i in (0, 1))
+    assert fits(c1, p1) and fits(c2, p2)

@@ -118,9 +118,11 @@ def match_lengths(tokens: np.ndarray, ends: np.ndarray, query: np.ndarray) -> np
     return np.where(eq.all(1), n, eq.argmin(1))
 
 
-def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int) -> tuple[list, list]:
+def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int,
+                 count: int = 1) -> list[tuple[list, list]]:
     """The draft for `query` (up to k tokens) and each token's estimated probability given the ones before it, from
-    candidate end positions in each corpus (tokens, ends), corpora and positions oldest first."""
+    candidate end positions in each corpus (tokens, ends), corpora and positions oldest first; with count > 1, up to
+    count - 1 more, the likeliest other tokens voted for along it, each followed by its own winners (a tree's)."""
     conts, lengths = [], []
     for tokens, ends in corpora:
         if ends.size == 0:
@@ -129,31 +131,48 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         conts.append(np.where(idx < tokens.size, tokens[np.clip(idx, None, tokens.size - 1)], END))
         lengths.append(match_lengths(tokens, ends, query))
     if not conts:
-        return [], []
+        return [([], [])]
     lengths = np.concatenate(lengths)
     m = int(lengths.max())
     c = np.concatenate(conts)[lengths == m]  # (n, k): the candidates of the longest match, the most recent last
     c = np.where(np.minimum.accumulate(c, axis=1) < 0, END, c)  # nothing past an END or OUT
     anchored = m > 0 and bool((query[query.size - m:] == OUT).any())  # the match reaches the answer's start
     shrink = PSEUDO / max(1, m + LONG * anchored) ** POWER
-    alive = np.ones(c.shape[0], bool)
-    draft, probs, prob = [], [], 1.0
-    for d in range(k):
-        votes = c[alive, d]
-        votes = votes[votes >= 0]
-        if votes.size == 0:
-            break
-        values, counts = np.unique(votes, return_counts=True)
-        top = values[counts == counts.max()]
-        best = int(votes[np.isin(votes, top)][-1])  # ties go to the most recent
-        p = counts.max() / (alive.sum() + shrink)
-        prob *= p
-        if prob < MIN_PROB:
-            break
-        draft.append(best)
-        probs.append(float(p))
-        alive &= c[:, d] == best
-    return draft, probs
+
+    def follow(alive: np.ndarray, start: int, prob: float) -> tuple[list, list]:
+        """The winners of the votes from depth `start` among the `alive` candidates, while prob stays up."""
+        draft, probs = [], []
+        for d in range(start, k):
+            votes = c[alive, d]
+            votes = votes[votes >= 0]
+            if votes.size == 0:
+                break
+            values, counts = np.unique(votes, return_counts=True)
+            top = values[counts == counts.max()]
+            best = int(votes[np.isin(votes, top)][-1])  # ties go to the most recent
+            p = counts.max() / (alive.sum() + shrink)
+            prob *= p
+            if prob < MIN_PROB:
+                break
+            draft.append(best)
+            probs.append(float(p))
+            alive = alive & (c[:, d] == best)
+        return draft, probs
+
+    draft, probs = follow(np.ones(c.shape[0], bool), 0, 1.0)
+    if count <= 1:
+        return [(draft, probs)]
+    alts, alive, prob = [], np.ones(c.shape[0], bool), 1.0  # a tree's: the other tokens voted for along the draft
+    for d, t in enumerate(draft):
+        values, counts = np.unique(c[alive, d][c[alive, d] >= 0], return_counts=True)
+        for v, n in zip(values.tolist(), counts.tolist()):
+            p = n / (alive.sum() + shrink)
+            if v != t and prob * p >= MIN_PROB:
+                rest, rp = follow(alive & (c[:, d] == v), d + 1, prob * p)
+                alts.append((prob * p, draft[:d] + [v] + rest, probs[:d] + [float(p)] + rp))
+        prob, alive = prob * probs[d], alive & (c[:, d] == t)
+    alts.sort(key=lambda a: -a[0])
+    return [(draft, probs)] + [(t, p) for _, t, p in alts[: count - 1]]
 
 
 class HistoryDrafter(Lookup):
@@ -190,17 +209,22 @@ class HistoryDrafter(Lookup):
 
     def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
         """Row `row`'s draft of up to k tokens and each token's estimated probability given the ones before it."""
-        corpora = self._corpora()
         own, version = self.rows[row], self.taken
         memo = own.memo
         if memo and memo[0] == len(context) and memo[1] >= k and memo[2] == version:
             return memo[3][:k], memo[4][:k]
-        own.sync(context)
-        query = own.tokens
-        found = [(c.tokens, c.occurrences(query)) for c in corpora] + [(own.tokens, own.occurrences(query))]
-        draft, probs = continuation(found, query, k) if k > 0 else ([], [])
-        if self.vocab is not None:
-            draft = draft[:next((i for i, t in enumerate(draft) if t >= self.vocab), len(draft))]
-        probs = probs[:len(draft)]
+        ((draft, probs),) = self.looks(row, context, k, 1)
         own.memo = (len(context), k, version, draft, probs)
         return draft, probs
+
+    def looks(self, row: int, context: list[int], k: int, count: int) -> list[tuple[list[int], list[float]]]:
+        own = self.rows[row]
+        own.sync(context)
+        query = own.tokens
+        found = [(c.tokens, c.occurrences(query)) for c in self._corpora()] + [(own.tokens, own.occurrences(query))]
+        out = []
+        for draft, probs in continuation(found, query, k, count) if k > 0 else [([], [])]:
+            if self.vocab is not None:
+                draft = draft[:next((i for i, t in enumerate(draft) if t >= self.vocab), len(draft))]
+            out.append((draft, probs[:len(draft)]))
+        return out
