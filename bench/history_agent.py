@@ -10,6 +10,8 @@ Arms (one process, models loaded once; every run is a fresh engine, as one `mtpc
   ngram    draft = auto over n-gram lookup alone (no history)
   model    draft = auto over n-gram lookup and the draft model (no history): the default with a draft model
   plain    --draft none
+  history-tree, history-tree-auto, ngram-tree: history or n-gram with draft trees (--spec-tree 16 / auto); in
+           pass 2 the history's tree arms run before `history` on the same prompt, their answers not stored
 Pass 1 runs `history` on every template prompt (templates interleaved: tool call, module, letter, tool call, ...).
 Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram`,
 `model` and `plain`, interleaved (history, ngram, model, plain on one prompt, then the next). The control set then
@@ -67,7 +69,9 @@ def main() -> None:
         templates = [t for t in templates if seen.setdefault(t["template"], 0) < args.limit
                      and not seen.__setitem__(t["template"], seen[t["template"]] + 1)]
     arms = {"history": {"history": True, "draft_model": None}, "ngram": {"draft_model": None}, "model": {},
-            "plain": {"draft": "none"}}
+            "plain": {"draft": "none"}, "history-tree": {"history": True, "draft_model": None, "tree": "16"},
+            "history-tree-auto": {"history": True, "draft_model": None, "tree": "auto"},
+            "ngram-tree": {"draft_model": None, "tree": "16"}}
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "every": args.every, "argv": sys.argv}, "runs": []}
     others = [a for a in args.arms.split(",") if a]
@@ -108,14 +112,14 @@ def main() -> None:
         return (engine.stats.to_dict(), tokens, (len(tokens) - first[0], end - first[1]), end - t0,
                 {"setup_s": t0 - t_open, "history_load_s": hist.load_s if hist else None})
 
-    def record(phase, item, arm, round_=0):
+    def record(phase, item, arm, round_=0, keep=None):
         ids = encode_prompt(target.tokenizer, item["prompt"], None, None)
-        d, toks, steady, wall, setup = one(settings(arms[arm]), ids, keep=phase != "control")
+        d, toks, steady, wall, setup = one(settings(arms[arm]), ids, keep=phase != "control" if keep is None else keep)
         rec = {"phase": phase, "template": item["template"], "prompt": item["name"], "arm": arm, "tokens": toks,
                "text": target.tokenizer.decode(toks), "steady_tokens": steady[0], "steady_s": steady[1],
                "tok_s": steady[0] / steady[1] if steady[1] > 0 else 0.0, "wall_s": wall, **setup,
                "tokens_per_cycle": d["tokens_per_cycle"], "acceptance_rate": d["acceptance_rate"],
-               "sources": d["sources"], "width_hist": d["draft_width_hist"], "round": round_}
+               "sources": d["sources"], "width_hist": d["draft_width_hist"], "round": round_, "trees": d.get("trees")}
         results["runs"].append(rec)
         mix = " ".join(f"{k}:{v['cycles']}" for k, v in d["sources"].items())
         print(f"{phase:7s} {item['name']:18s} {arm:8s} {rec['tok_s']:6.3f} tok/s {d['tokens_per_cycle']:5.2f} tok/cycle"
@@ -134,9 +138,13 @@ def main() -> None:
         for item in templates:
             i = counts.get(item["template"], 0)
             counts[item["template"]] = i + 1
+            trees = [a for a in others if a.startswith("history-")] if phase == "pass2" and i % args.every == 0 \
+                else []
+            for arm in trees:  # the history's other arms first, their answers not kept: every arm sees one history
+                record(phase, item, arm, keep=False)
             record(phase, item, "history")
             if phase == "pass2" and i % args.every == 0:
-                for arm in others:
+                for arm in [a for a in others if a not in trees]:
                     record(phase, item, arm)
     order = ["history"] + others
     for r in range(args.control_rounds if "control" in phases else 0):
