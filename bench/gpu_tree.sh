@@ -11,11 +11,12 @@ wheel=/tmp/$(cat .gpu2/NAME)
 cat /root/stash/part.aa .gpu2/part.ab > "$wheel" || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheel" .gpu2/mlx-*.whl \
     .gpu2/mlx_lm-*.whl .gpu2/tomli_w-*.whl || exit 1
-mkdir -p /tmp/m && cat /root/stash/smol4.part.* | tar xzf - -C /tmp/m || exit 1
+[ "${AGENT:-1}" = 0 ] || { mkdir -p /tmp/m && cat /root/stash/smol4.part.* | tar xzf - -C /tmp/m || exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv
 export PYTHONPATH=/tmp/site:$PWD/src
 for t in ${TARGETS:-7b 1.5b}; do
   timeout ${LIMIT:-150} python3 bench/gpu_tree.py --target $t --tokens 256 --repeats 3 --out "$OUT/gpu_tree_$t.json"
 done
+[ "${AGENT:-1}" = 0 ] && exit 0
 XDG_DATA_HOME=$(mktemp -d) timeout ${AGENT_LIMIT:-240} python3 bench/history_agent.py /tmp/m/smol4 /tmp/m/smol4 \
     "$OUT/gpu_tree_agent.json" --arms ngram,ngram-tree,history-tree,history-tree-auto,plain --every 2 --control-rounds 2

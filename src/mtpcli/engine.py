@@ -246,7 +246,7 @@ class Engine:
             self.drafter.commit(contexts, kept, self.target.hidden)
             self.policy.update(chain, kept, seconds=seconds if f.timed else None,
                                source=plan.source if max(caps) else None, requested=draft.requested,
-                               chances=draft.chances, chained=after is not None)
+                               chances=draft.chances)
             if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
                 self.policy.observe([cs[: n + 1] for cs, n in zip(conf.tolist(), n_acc)])
         self.cycles += 1
