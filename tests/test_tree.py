@@ -180,3 +180,25 @@ def test_history_trees_greedy_identity_and_the_targets_distribution(tiny):
     assert trees["cycles"] > 0 and trees["side_paths"] > 0
     c1, c2 = (np.bincount([o[i] for o in outs], minlength=len(p1)) for i in (0, 1))
     assert fits(c1, p1) and fits(c2, p2)
+
+
+def test_the_cli_reports_trees_and_refuses_them_where_they_cannot_be_exact(cli, tiny_paths, tmp_path):
+    import json
+
+    from test_cli import one_line_error
+
+    sj = tmp_path / "s.json"
+    base = ("generate", "--model", tiny_paths["target"], "--draft-model", tiny_paths["draft"], "--max-tokens", 24)
+    r = cli(*base, "--spec-tree", "8", "--stats-json", sj, input=b"abxabyabzab")
+    assert r.returncode == 0, r.stderr.decode()
+    plain = cli(*base, "--draft", "none", input=b"abxabyabzab")
+    assert r.stdout == plain.stdout  # greedy: the same text
+    trees = json.loads(sj.read_text())["trees"]
+    assert trees["cycles"] > 0 and trees["nodes_per_cycle"] > 1
+    assert json.loads(sj.read_text())["settings"]["tree"] == "8"
+    assert "trees:" in r.stderr.decode()  # the statistics table's row
+    for bad, needle in ((("--spec-tree", "8", "--typical-threshold", "0.1"), "--spec-tree"),
+                        (("--spec-tree", "1"), "--spec-tree"), (("--spec-tree", "wide"), "--spec-tree")):
+        r = cli(*base, *bad, input=b"abc")
+        assert r.returncode == 2
+        one_line_error(r, needle)
