@@ -113,8 +113,8 @@ def test_tree_decoding_commits_the_targets_distribution_at_the_first_and_second_
     prompt = PROMPTS[0]
     ids = list(target.tokenizer.encode(prompt))
     p1, p2 = marginals(target.model, ids, sp)
-    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=2)
-    outs = run(eng, target.tokenizer, [prompt], n=N, max_tokens=2)
+    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=3)
+    outs = run(eng, target.tokenizer, [prompt], n=N, max_tokens=3)  # trees two deep: both tokens from one tree
     trees = eng.stats.to_dict()["trees"]
     assert trees["cycles"] > 0 and trees["side_paths"] > 0  # trees were verified, and later children taken
     c1, c2 = (np.bincount([o[i] for o in outs], minlength=len(p1)) for i in (0, 1))
@@ -202,3 +202,17 @@ def test_the_cli_reports_trees_and_refuses_them_where_they_cannot_be_exact(cli, 
         r = cli(*base, *bad, input=b"abc")
         assert r.returncode == 2
         one_line_error(r, needle)
+
+
+def test_a_budget_below_the_width_cuts_the_chain_to_it_and_auto_weighs_it(tiny):
+    target, draft = tiny
+    plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS)
+    for make in (lambda: ModelDrafter(draft.model), lambda: costed(ModelDrafter(draft.model)),
+                 lambda: costed(NgramDrafter(1, 3)), lambda: NgramDrafter(1, 3)):
+        d = make()
+        eng = engine(target, d, width=8, nodes=4)
+        assert run(eng, target.tokenizer, PROMPTS) == plain
+        if d.cost is None:  # (under auto a lookup chain keeps its width where its tree does not pay)
+            assert max(int(k) for k in eng.stats.to_dict()["draft_width_hist"]) <= 4
+        trees = eng.stats.to_dict().get("trees")
+        assert trees is None or trees["chain_cycles"] >= 0

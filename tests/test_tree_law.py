@@ -32,22 +32,32 @@ def draw(p: np.ndarray, rng) -> int:
 
 
 def draft_tree(ctx: tuple, sp, rng, sampled: bool):
-    """A main chain of 3 from the draft and a second child at the root and at depth 1: deterministic (the draft's
-    next most likely token) or drawn without replacement from the draft's q."""
+    """A main chain of 3 from the draft; at the root two more children, the first with a child of its own; at depth
+    1 a second child. Siblings are the draft's next most likely tokens (deterministic) or drawn without replacement
+    from its q (sampled), each with the proposal it was drawn from."""
+    pick = (lambda q: draw(q, rng)) if sampled else (lambda q: int(np.argmax(q)))
     chain, qs = [], []
     for j in range(3):
-        q = dist(ctx + tuple(chain), True, sp)
-        chain.append(draw(q, rng) if sampled else int(np.argmax(q)))
-        qs.append(q)
-    cands, rows = [chain], {}
-    for d in (0, 1):
-        rest = np.where(np.arange(V) == chain[d], 0.0, qs[d])
-        rest = rest / rest.sum()
-        cands.append(chain[:d] + [draw(rest, rng) if sampled else int(np.argsort(-qs[d])[1])])
-        rows[(len(cands) - 1, d)] = rest
-    tokens, parents, origins = merge(cands, budget=8, width=2)
-    q = np.stack([rows.get((c, i), qs[i]) for c, i in origins])
-    wrong = np.stack([qs[i] for c, i in origins])  # a sibling's own q without the exclusion (the wrong proposal)
+        qs.append(dist(ctx + tuple(chain), True, sp))
+        chain.append(pick(qs[-1]))
+
+    def without(q, tokens):
+        r = np.where(np.isin(np.arange(V), tokens), 0.0, q)
+        return r / r.sum()
+
+    r1 = without(qs[0], [chain[0]])
+    a1 = pick(r1)
+    q_a1 = dist(ctx + (a1,), True, sp)
+    t1 = pick(q_a1)
+    r2 = without(qs[0], [chain[0], a1])
+    a2 = pick(r2)
+    r3 = without(qs[1], [chain[1]])
+    a3 = pick(r3)
+    cands = [chain, [a1, t1], [a2], chain[:1] + [a3]]
+    rows = {(1, 0): (r1, qs[0]), (1, 1): (q_a1, q_a1), (2, 0): (r2, qs[0]), (3, 1): (r3, qs[1])}
+    tokens, parents, origins = merge(cands, budget=8, width=3)
+    q = np.stack([rows[(c, i)][0] if c else qs[i] for c, i in origins])
+    wrong = np.stack([rows[(c, i)][1] if c else qs[i] for c, i in origins])  # siblings' q without the exclusions
     return tokens, parents, q, wrong
 
 

@@ -238,17 +238,17 @@ class Engine:
         if judged.complete is not None and not judged.complete.item():  # rare: a nucleus past the partial selection
             judged, f.redone = cfg.judge(logits, draft, law_keys, True), True
         n_acc, tok = self.peer.verdict(judged, draft.k)  # THE host sync (rank 0's verdict on every rank)
-        news, chain, kept = self._keep(rows, draft, judged, n_acc, tok, f.before)  # roll back what was rejected
+        news, chain, kept, at = self._keep(rows, draft, judged, n_acc, tok, f.before)  # roll back the rejected
         for ctx, new in zip(contexts, news):
             ctx.extend(new)
         seconds = self.clock.charge(f)
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
             self.drafter.commit(contexts, kept, self.target.hidden)
-            self.policy.update(chain, kept, seconds=seconds if f.timed else None,
+            self.policy.update(chain, kept, seconds=seconds if f.timed and draft.tree is None else None,
                                source=plan.source if max(caps) else None, requested=draft.requested,
                                chances=draft.chances)
             if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
-                self.policy.observe([cs[: n + 1] for cs, n in zip(conf.tolist(), n_acc)])
+                self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
         self.cycles += 1
         sums = [x.tolist() for x in judged.sums]
         for b, r in enumerate(rows):
@@ -258,22 +258,26 @@ class Engine:
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
     def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],
-              before: np.ndarray) -> tuple[list[list[int]], list[int], list[int]]:
-        """The target keeps each row's accepted drafts: the committed tokens, and what a drafter and a policy learn
-        from (for a tree: its first-child chain, and how much of the path followed it)."""
+              before: np.ndarray) -> tuple[list[list[int]], list[int], list[int], list]:
+        """The target keeps each row's accepted drafts: the committed tokens, what a drafter and a policy learn from
+        (for a tree: its first-child chain, and how much of the path followed it; its seconds are not a chain's),
+        and the positions of the pass the committed tokens came from."""
         drafted = draft.tokens.tolist() if draft.k else [[]] * len(rows)
         if draft.tree is None:
             if draft.k:
                 self.target.truncate(before + np.array(n_acc) + 1)
-            return [d[:n] + [t] for d, n, t in zip(drafted, n_acc, tok)], draft.lengths, n_acc
+            return ([d[:n] + [t] for d, n, t in zip(drafted, n_acc, tok)], draft.lengths, n_acc,
+                    [range(n + 1) for n in n_acc])
         paths = [draft.tree.path(b, v) for b, v in enumerate(judged.verdict.node.tolist())]
         self.target.keep_path(before, paths)
         depth = draft.tree.depth
         chain = [int(np.argmax(np.append(depth[b, 1:] != np.arange(1, draft.k + 1), True))) for b in range(len(rows))]
         kept = [next((i for i, j in enumerate(p) if j != i + 1), len(p)) for p in paths]
         for r, n, p, c in zip(rows, draft.lengths, paths, kept):
-            r.run.record_tree(n, len(p), c < len(p))
-        return [[d[j - 1] for j in p] + [t] for d, p, t in zip(drafted, paths, tok)], chain, kept
+            if n:
+                r.run.record_tree(n, len(p), c < len(p))
+        news = [[d[j - 1] for j in p] + [t] for d, p, t in zip(drafted, paths, tok)]
+        return news, chain, kept, [[0] + p for p in paths]
 
     def _launch(self, plan: Plan, after: Flight | None = None, fresh: bool = False) -> Flight:
         rest = self.cycle(plan, after)

@@ -59,6 +59,7 @@ class ModelDrafter(Drafter):
         if not self.nodes:
             return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
         split = [mx.random.split(k) if k is not None else (None, None) for k in keys]
+        caps = [min(c, self.nodes) for c in caps]  # the tree's chain fits its budget
         chain = autoregress(step, caps, sp, [a for a, _ in split], self.p_min, *(plan and plan.stop or ()),
                             dists=True)
         return self.tree(chain, sp, [b for _, b in split])
