@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtpcli import cache
+from mtpcli import layout
 from mtpcli.cache import LM
 from mtpcli.errors import ModelError
 
@@ -20,7 +20,7 @@ def test_bucketed_and_ragged_layouts_give_the_same_logits_and_roll_back(tiny, mo
     and a two-row batch with holes all compute the same logits through feeds and rollbacks."""
     target, _ = tiny
     ids = list(target.tokenizer.encode("def fib(n):"))
-    monkeypatch.setattr(cache, "STEP", 8)
+    monkeypatch.setattr(layout, "STEP", 8)
     lms = [LM(target.model, bucketed=False), LM(target.model, bucketed=True), LM(target.model, bucketed=False)]
     lms[0].add_rows(1), lms[1].add_rows(1), lms[2].add_rows(2)
     for lm in lms[:2]:

@@ -49,10 +49,10 @@ def test_sliding_window_rollback_past_the_window_stays_greedy_lossless(windowed,
     back anyway: rejected drafts stayed in the cache, wrong tokens at T = 0 past the window."""
     from mlx_lm.generate import generate_step
 
-    from mtpcli import cache
+    from mtpcli import cache, layout
 
     monkeypatch.setattr(cache, "BUCKETED_DEFAULT", bucketed)  # the CUDA layout too
-    monkeypatch.setattr(cache, "STEP", 32)  # several bucket edges within 80 tokens
+    monkeypatch.setattr(layout, "STEP", 32)  # several bucket edges within 80 tokens
     prompt = "abcabcab hello"
     ids = list(windowed.tokenizer.encode(prompt))
     reference = []  # mlx-lm's own decoding, with its rotating cache
