@@ -222,7 +222,7 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
         trace.append(f"{(source or 'plain')[0] if n else 'p'}{n}:{a + 1}")
         if fixed is None:
             pol.update([n], [a], seconds=sec, source=source if k > 0 else None, requested=[k if source else 0],
-                       chances=None if chances is None else [chances], chained=source is None)
+                       chances=None if chances is None else [chances])
             if hasattr(pol, "observe"):  # (the policy before the ablation read the target's confidence)
                 pol.observe([conf[t: t + a + 1]])
         elif ema is not None:

@@ -87,19 +87,19 @@ def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
         if cfg.tree != "auto":
             raise
         return
-    policy = eng.policy
     named = drafter.sources if isinstance(drafter, AutoDrafter) else {drafter.name: drafter}
     for name, d in named.items():
         if d.trees:
             d.nodes, d.children = (AUTO_TREE if cfg.tree == "auto" else int(cfg.tree)), cfg.tree_children
         if d.trees and cfg.tree == "auto":
-            d.cost = functools.partial(_tree_cost, policy, name)
+            ratio = {"model": _params(d.lm.model) / _params(eng.target.model)} if name == "model" else {}
+            d.cost = functools.partial(_tree_cost, eng.policy, name, ratio)
 
 
-def _tree_cost(policy, name: str, k: int, n: int) -> float:
-    """A cycle's seconds drafting k tokens of `name` and verifying n, from auto's table (else the prior): a node
-    past the chain costs what a lookup token does (its verification)."""
-    prior = prior_costs([name, "ngram"], {}, mx.default_device() == mx.gpu)
+def _tree_cost(policy, name: str, ratio: dict, k: int, n: int) -> float:
+    """A cycle's seconds drafting k tokens of `name` and verifying n, from auto's table (else the prior, with the
+    draft model's size over the target's): a node past the chain costs what a lookup token does (its check)."""
+    prior = prior_costs([name, "ngram"], ratio, mx.default_device() == mx.gpu)
     costs = policy.costs if isinstance(policy, AutoPolicy) else prior
     return costs.time(name, k) + (n - k) * costs.per_token.get("ngram", prior.per_token["ngram"] * costs.step)
 

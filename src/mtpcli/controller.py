@@ -65,16 +65,11 @@ class WidthPolicy:
         self.batch = len(members)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
-               chained: bool = False) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None) -> None:
         """A cycle: per member the tokens it really drafted and how many the target accepted (requested: asked
-        for; chances: the source's estimates; chained: a plain step launched ahead of the one before)."""
+        for; chances: the source's estimates)."""
         for member, n in enumerate(drafted):
             self.history[member].append(n)
-        self.learn(drafted, accepted, seconds)
-
-    def learn(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None) -> None:
-        pass
 
     def observe(self, confidences) -> None:
         pass
@@ -131,7 +126,8 @@ class EmaController(WidthPolicy):
     def width(self) -> int:
         return max(self.member_width(m) for m in range(self.batch))
 
-    def learn(self, drafted, accepted, seconds) -> None:
+    def update(self, drafted, accepted, *args, **kwargs) -> None:
+        super().update(drafted, accepted)
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             if n > 0:  # (nothing drafted: no evidence either way)
                 e = self.estimates[member]

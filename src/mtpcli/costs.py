@@ -9,7 +9,7 @@ each figure moved towards the run's (a cost a fifth of the way, so that one busy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Sequence
 
@@ -51,10 +51,7 @@ class Costs:
         return (rate * n + PRIOR_ACCEPT * 5) / (n + 5)
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "per_token": dict(self.per_token), "fixed": dict(self.fixed),
-                "accept": {k: list(v) for k, v in self.accept.items()},
-                "shift": {k: list(v) for k, v in self.shift.items()}, "conf": {k: list(v) for k, v in self.conf.items()},
-                "runs": self.runs}
+        return asdict(self)  # (deep: the dicts and lists are copies)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":

@@ -42,7 +42,7 @@ class DecodeConfig:
 
     def judge(self, logits, draft, keys, full: bool = False) -> verify.Judged:
         return verify.judge(self.sampling, self.typical_threshold, self.typical_eps, logits, draft.tokens, draft.q,
-                            keys, draft.lengths, full, draft.tree)
+                            keys, draft.lengths, full, shape=draft.tree)
 
 
 @dataclass

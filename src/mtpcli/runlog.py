@@ -75,23 +75,6 @@ def _check(con: sqlite3.Connection, schema: str, table: str) -> None:
         raise Foreign(f"no table {table}; tables {', '.join(sorted(tables))}")
 
 
-def _open(path: Path, uri: str, schema: str, table: str, create: bool, pragmas: tuple[str, ...]):
-    con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=30.0, isolation_level=None)
-    try:
-        con.execute("PRAGMA busy_timeout = 30000")
-        _check(con, schema, table)
-        if create:
-            use_wal(con)
-            for pragma in pragmas:
-                con.execute(pragma)
-            con.executescript(schema)
-        con.execute(f"SELECT count(*) FROM {table}").fetchone()
-        return con
-    except BaseException:
-        con.close()
-        raise
-
-
 def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None = None,
             pragmas: tuple[str, ...] = ()) -> sqlite3.Connection:
     """Connect (autocommit, 30 s busy timeout) and check the schema (Foreign: another's) before anything is written;
@@ -106,28 +89,33 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
     hot = wal.is_file() and wal.stat().st_size > 0
     first = None
     for uri in ["mode=rwc"] if create else ["mode=ro"] + ([] if hot else ["immutable=1"]):
-        try:
-            return _open(path, uri, schema, table, create, pragmas)
-        except sqlite3.OperationalError as e:
-            if "readonly" not in str(e):  # (immutable is for a folder nobody writes, never for a busy file)
-                raise
+        con = None
+        try:  # (timeout: SQLite's busy timeout, 30 s)
+            con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=30.0, isolation_level=None)
+            _check(con, schema, table)
+            if create:
+                use_wal(con)
+                for pragma in pragmas:
+                    con.execute(pragma)
+                con.executescript(schema)
+            con.execute(f"SELECT count(*) FROM {table}").fetchone()
+            return con
+        except BaseException as e:
+            if con is not None:
+                con.close()
+            if not isinstance(e, sqlite3.OperationalError) or "readonly" not in str(e):
+                raise  # (immutable is for a folder nobody writes, never for a busy file)
             first = first or e
     raise first
 
 
 @contextlib.contextmanager
 def writing(con: sqlite3.Connection):
-    """One write transaction that waits for other writers (BEGIN IMMEDIATE), rolled back if the block raises; then
-    the connection is closed."""
-    with contextlib.closing(con):
+    """One write transaction that waits for other writers (BEGIN IMMEDIATE), rolled back if the block raises (by
+    sqlite3's `with con`, unless SQLite has already: a full disk); then the connection is closed."""
+    with contextlib.closing(con), con:
         con.execute("BEGIN IMMEDIATE")
-        try:
-            yield con
-        except BaseException:
-            if con.in_transaction:  # (SQLite has rolled back itself after some errors: a full disk)
-                con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
+        yield con
 
 
 def problem(what: str, path: Path, e: Exception) -> str:

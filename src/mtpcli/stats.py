@@ -32,11 +32,8 @@ class _Drafts:
         self.cycles += 1
         self.drafted += drafted
         self.accepted += accepted
-        for counts in (self.reached, self.accepted_at):
-            counts.extend([0] * (drafted - len(counts)))
-        for i in range(drafted):
-            self.reached[i] += 1
-            self.accepted_at[i] += int(i < accepted)
+        self.reached = _add(self.reached, [1] * drafted)
+        self.accepted_at = _add(self.accepted_at, [int(i < accepted) for i in range(drafted)])
 
     @property
     def acceptance_rate(self) -> float:
@@ -88,7 +85,6 @@ class SourceStats(_Drafts):
 
 
 def plain_last(sources: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Sources by name, the plain steps last."""
     return sorted(sources.items(), key=lambda kv: (kv[0] == PLAIN, kv[0]))
 
 
@@ -117,7 +113,7 @@ class RunStats(_Drafts):
     shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
     sources: dict[str, SourceStats] = field(default_factory=dict)  # per draft source, and "plain" (width 0)
     source_trace: list[str] = field(default_factory=list)
-    _typical_sums: dict[str, float] = field(default_factory=lambda: Counter())
+    _typical_sums: dict[str, float] = field(default_factory=Counter)
     trees: Counter = field(default_factory=Counter)  # tree cycles: cycles, nodes verified, accepted depth, side paths
 
     def record_cycle(self, drafted: int, accepted: int, committed: int, source: str | None = None,

@@ -141,8 +141,8 @@ class Drafter:
 
 
 class Lookup(Drafter):
-    """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `look(row,
-    context, k)` is a row's draft of up to k tokens and each token's estimated probability given the ones before."""
+    """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `looks(row,
+    context, k, count)` is up to `count` drafts of up to k tokens (a tree's; the chain's first) with their estimates."""
 
     def add_rows(self, n: int) -> None:
         self.rows += [self.new_row([]) for _ in range(n)]
@@ -160,9 +160,9 @@ class Lookup(Drafter):
 
     trees = True
 
-    def looks(self, row: int, context: list[int], k: int, count: int) -> list[tuple[list[int], list[float]]]:
-        """Up to `count` candidate drafts (tokens, estimates) for a tree, the chain's own first."""
-        return [self.look(row, context, k)]
+    def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        """A row's draft of up to k tokens and each token's estimate given the ones before."""
+        return (self.looks(row, context, k, 1) or [([], [])])[0]
 
     def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
         """The rows' drafts padded to the longest; each row as long as its own."""
@@ -175,13 +175,12 @@ class Lookup(Drafter):
         lengths = [len(f) for f, _ in found]
         return Draft(tokens, None, lengths, lengths, [c for _, c in found])
 
-
     def tree(self, contexts, caps) -> Draft | None:
         """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap; None (a chain)
         under tree = auto where the tree does not pay."""
         rows, chances = [], []
         for b, (c, k) in enumerate(zip(contexts, caps)):
-            cands = self.looks(b, c, k, 2 * self.children) if k > 0 else []
+            cands = self.looks(b, c, min(k, self.nodes), 2 * self.children) if k > 0 else []
             tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
             chain = next((i for i, par in enumerate(parents) if par != i), len(parents))
             rows.append((tokens, parents, cands[0][1][:chain] if cands else []))

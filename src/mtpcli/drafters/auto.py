@@ -13,8 +13,7 @@ class AutoDrafter(Drafter):
     def __init__(self, sources: dict[str, Drafter]):
         self.sources = dict(sources)
         self.needs_hidden = any(d.needs_hidden for d in self.sources.values())
-        rows = [d.max_rows for d in self.sources.values() if d.max_rows]
-        self.max_rows = min(rows) if rows else None
+        self.max_rows = min((d.max_rows for d in self.sources.values() if d.max_rows), default=None)
 
     def lookahead(self, source: str, contexts: list, k: int) -> list | None:
         """What `source` has for each row before drafting (the policy asks, per source)."""

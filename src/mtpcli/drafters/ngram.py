@@ -64,10 +64,6 @@ class NgramDrafter(Lookup):
     def new_row(self, prompt: list[int]) -> Index:
         return Index(self.n_min, self.n_max)
 
-    def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
-        """A row's draft of up to k tokens and each token's estimate (the module's formula) given the ones before."""
-        return (self.looks(row, context, k, 1) or [([], [])])[0]
-
     def looks(self, row: int, context: list[int], k: int, count: int) -> list[tuple[list[int], list[float]]]:
         """The drafts of up to `count` earlier occurrences, latest first (a tree's candidates)."""
         found = [(context[end : end + k], m) for end, m in self.rows[row].find(context, count)]
