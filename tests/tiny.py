@@ -249,3 +249,42 @@ def make_mtp_model(path: str | Path, family: str, heads: bool = True, seed: int 
     (path / "config.json").write_text(json.dumps(config, indent=1))
     write_tokenizer(path)
     return path
+
+
+def make_eagle3_head(path: str | Path, target: str | Path, seed: int = 0, draft_vocab: int | None = None,
+                     taps: list[int] | None = None, scale: float = 1.0, prefix: str = "midlayer.",
+                     own_embed: bool = False) -> Path:
+    """A random EAGLE-3 head for the tiny target at `target`, in the published layout (SafeAILab/EAGLE, SpecForge:
+    fc, midlayer.* with 2H-wide q/k/v, norm, lm_head over `draft_vocab` tokens with d2t; `prefix` "layers.0." for
+    the Speculators export); `taps`: eagle_config's layer ids (None: the default). `scale` sharpens its logits."""
+    path, tc = Path(path), json.loads((Path(target) / "config.json").read_text())
+    path.mkdir(parents=True, exist_ok=True)
+    H, V = tc["hidden_size"], tc["vocab_size"]
+    Vd = draft_vocab or V
+    heads, kv, inter = tc["num_attention_heads"], tc["num_key_value_heads"], tc["intermediate_size"]
+    hd = H // heads
+    mx.random.seed(seed)
+    r = lambda *s: mx.random.normal(s) * (1.0 / s[-1] ** 0.5)  # noqa: E731
+    m = prefix
+    w = {"fc.weight": r(H, 3 * H), f"{m}input_layernorm.weight": mx.ones(H), f"{m}hidden_norm.weight": mx.ones(H),
+         f"{m}post_attention_layernorm.weight": mx.ones(H), f"{m}self_attn.q_proj.weight": r(heads * hd, 2 * H),
+         f"{m}self_attn.k_proj.weight": r(kv * hd, 2 * H), f"{m}self_attn.v_proj.weight": r(kv * hd, 2 * H),
+         f"{m}self_attn.o_proj.weight": r(H, heads * hd), f"{m}mlp.gate_proj.weight": r(inter, H),
+         f"{m}mlp.up_proj.weight": r(inter, H), f"{m}mlp.down_proj.weight": r(H, inter), "norm.weight": mx.ones(H),
+         "lm_head.weight": r(Vd, H) * scale}
+    if Vd != V:  # the most "frequent" tokens: here every other id from 2 on, then the rest in order
+        used = sorted(list(range(2, V, 2)) + list(range(3, V, 2)))[:Vd]
+        w["d2t"] = mx.array([u - i for i, u in enumerate(sorted(used))], dtype=mx.int64)
+        w["t2d"] = mx.array([i in used for i in range(V)])
+    if own_embed:
+        w["embed_tokens.weight"] = r(V, H)
+    mx.save_safetensors(str(path / "model.safetensors"), w)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+              "num_hidden_layers": 1, "intermediate_size": inter, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "rms_norm_eps": 1e-5, "vocab_size": V, "draft_vocab_size": Vd,
+              "max_position_embeddings": tc["max_position_embeddings"], "rope_theta": 10000.0,
+              "tie_word_embeddings": False}
+    if taps is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True}
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path

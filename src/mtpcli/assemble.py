@@ -15,6 +15,7 @@ from .config import Config
 from .controller import EmaController, FixedWidth, WidthPolicy
 from .drafters import Drafter, NoDraft
 from .drafters.auto import AutoDrafter
+from .drafters.eagle import EagleDrafter
 from .drafters.history import HistoryDrafter
 from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
@@ -55,6 +56,8 @@ def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded |
         return HistoryDrafter(store, models.output_size(target))
     if kind == "mtp":
         return MtpDrafter(models.mtp_head(target), target.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+    if kind == "eagle3":
+        return EagleDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
     return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
 
 
@@ -92,7 +95,7 @@ def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
         if d.trees:
             d.nodes, d.children = (AUTO_TREE if cfg.tree == "auto" else int(cfg.tree)), cfg.tree_children
         if d.trees and cfg.tree == "auto":
-            ratio = {"model": _params(d.lm.model) / _params(eng.target.model)} if name == "model" else {}
+            ratio = {name: _params(d.lm.model) / _params(eng.target.model)} if name in ("model", "eagle3") else {}
             d.cost = functools.partial(_tree_cost, eng.policy, name, ratio)
 
 
@@ -111,7 +114,7 @@ def _params(model) -> int:
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
-    sized = {"model": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
+    sized = {"model": lambda: draft.model, "eagle3": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
     ratio = {n: _params(sized[n]()) / _params(target.model) for n in names if n in sized}
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads

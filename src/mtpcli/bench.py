@@ -35,7 +35,7 @@ def fit_length(ids: list[int], n: int | None) -> list[int]:
 def run_mtpcli(cfg: config.Config, target, draft, prompt: list[int], seed: int, max_tokens: int):
     """(statistics, tokens)."""
     cfg = replace(cfg, seed=seed, max_tokens=max_tokens)
-    engine = assemble.engine(cfg, target, draft if cfg.draft in ("model", "auto") else None)
+    engine = assemble.engine(cfg, target, draft if cfg.draft in config.DRAFTED else None)
     mx.reset_peak_memory()
     tokens = [t for ev in engine.generate([Request(0, prompt, max_tokens, seed)]) for t in ev.tokens]
     return engine.stats, tokens
@@ -101,11 +101,12 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
         if baseline in baselines:  # on the first profile's settings
             arms.append(Arm(name, config.resolve(profile_names[0], settings), kind))
     target = models.load(model, "target model")
+    dmodel = models.load_draft(draft_model, target) if draft_model else None
+    head = dmodel.kind if dmodel is not None and dmodel.kind != "model" else None
+    if head and "mlx-lm" in baselines:
+        raise UsageError(f"--baseline mlx-lm needs a draft model; --draft-model '{draft_model}' is a trained head")
     for arm in arms:
-        arm.cfg = config.settle(arm.cfg, models.has_mtp(target))
-    dmodel = models.load(draft_model, "draft model") if draft_model else None
-    if dmodel is not None:
-        models.check_pair(target, dmodel)
+        arm.cfg = config.settle(arm.cfg, models.has_mtp(target), head=head)
     first = arms[0].cfg
     encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first.chat, first.system),
                                     prompt_tokens)) for it in prompts.bench_set(prompt_source)]

@@ -44,12 +44,32 @@ def split_model(model):
     return inner, head if head is not None else inner.embed_tokens.as_linear
 
 
+def tap(model, layers: tuple[int, ...]) -> dict:
+    """Make the model's layers at these indices leave their outputs in the dict returned (index -> the last
+    output), by a subclass of each layer's own class: no model code, the same weights and attributes."""
+    sink: dict = {}
+    for i in set(layers):
+        layer = model.layers[i]
+        if not getattr(type(layer), "tapped", False):
+            base = type(layer)
+
+            def call(self, *args, _base=base, **kw):
+                out = _base.__call__(self, *args, **kw)
+                type(self).sink[self.tap_index] = out[0] if isinstance(out, tuple) else out
+                return out
+
+            layer.__class__ = type(base.__name__, (base,), {"__call__": call, "tapped": True, "sink": {}})
+        object.__setattr__(layer, "tap_index", i)
+        type(layer).sink = sink
+    return sink
+
+
 class LM:
     """A model over B rows of caches: prefill a row (a repeated prompt is prefilled once), feed blocks, keep
     per-row prefixes (trim, holes, or snapshot + replay)."""
 
     def __init__(self, model, role: str = "model", prefill_step: int = 512, hidden: bool = False,
-                 bucketed: bool | None = None):
+                 bucketed: bool | None = None, taps: tuple[int, ...] = ()):
         self.model, self.role, self.prefill_step = model, role, prefill_step
         native = make_prompt_cache(model)
         self.kinds = [layer_kind(c) for c in native]
@@ -61,10 +81,12 @@ class LM:
             bucketed = mx.default_device() == mx.gpu and not mx.metal.is_available()
         self.bucketed = bucketed and "native" not in self.kinds
         self.parts = split_model(model)
-        if hidden and self.parts is None:
+        if hidden and not taps and self.parts is None:
             raise ModelError(f"the {role}'s hidden states are not reachable (model type {type(model).__module__})")
-        self.keep_hidden = hidden
-        self.hidden: mx.array | None = None  # (B, n, H) of the last forward, when keep_hidden
+        self.keep_hidden, self.taps = hidden or bool(taps), tuple(taps)
+        self._tapped = tap(model, self.taps)
+        self.hidden: mx.array | None = None  # (B, n, H) of the last forward, when keep_hidden: the last layer's
+        #                                      output after the final norm, or the tapped layers' outputs, joined
         self.one_row = any(k in ("state", "native") for k in self.kinds)  # no holes, no splicing: one row
         self.layout, self.caches = self._fresh(0, self.bucketed)
         self._snap = None  # recurrent rows: (write, states) before the speculative tokens, and what was fed since
@@ -90,7 +112,7 @@ class LM:
 
     def allow_trees(self) -> None:
         """Tree blocks (verify.tree) in one pass: refused before decoding where a layer cannot take one."""
-        if self.one_row or self.keep_hidden:
+        if self.one_row or (self.keep_hidden and not self.taps):
             raise ModelError(f"the {self.role} keeps recurrent state or hands on hidden states: a draft tree cannot "
                              "be verified in one pass of it (use --spec-tree off)")
         ropes = [m for _, m in self.model.named_modules() if isinstance(m.get("rope"), nn.Module)]
@@ -142,7 +164,7 @@ class LM:
             h = self.parts[0](chunk, cache=caches) if self.parts else self.model(chunk, cache=caches)
             layout.end()
             if self.keep_hidden:
-                hidden.append(h)
+                hidden.append(self._kept(h))
             mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
         hidden = mx.concatenate(hidden, axis=1) if hidden else None
         self._prefix = None
@@ -197,16 +219,19 @@ class LM:
         self._tree_n = tokens.shape[1] if tree is not None else 0
         if self.parts and (head == "none" or self.keep_hidden):  # (the split head is the model's own logits
             h = self.parts[0](tokens, cache=self.caches)         # only for the MTP families: not gemma's)
-            if self.keep_hidden:
-                self.hidden = h
             out = h if head == "none" else self.parts[1](h if head == "all" else h[:, -1:])
         else:
-            out = self.model(tokens, cache=self.caches)
+            h = out = self.model(tokens, cache=self.caches)
             out = out[:, -1:] if head == "last" else out
+        if self.keep_hidden:
+            self.hidden = self._kept(h)
         self.layout.end()
         if self._snap is not None:
             self._fed.append(tokens)
         return out
+
+    def _kept(self, h: mx.array) -> mx.array:
+        return mx.concatenate([self._tapped[i] for i in self.taps], axis=-1) if self.taps else h
 
     def forward(self, tokens: mx.array, valid: np.ndarray | None = None, last: bool = False, tree=None) -> mx.array:
         """Append a (B, n) block (rows left-padded where `valid` is False; a tree's positions, tree.Shape, with
@@ -265,6 +290,8 @@ class LM:
 
             for c in self._kv():
                 c.apply(move)
+            if self.hidden is not None:  # the path's states follow the root's, as its keys do
+                self.hidden = mx.take_along_axis(self.hidden, mx.array(idx, dtype=mx.int32)[..., None], axis=1)
         self.truncate(np.asarray(before) + np.array([len(p) for p in paths]) + 1)
 
     def _tidy(self) -> None:

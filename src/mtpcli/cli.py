@@ -313,10 +313,16 @@ def models_pull(names: List[str] = typer.Argument(..., help="Aliases to fetch an
 @models_app.command("inspect")
 def models_inspect(path: str):
     """What a checkpoint is and which draft sources it supports."""
-    from . import models
+    from . import eagle, models
 
     folder = models.resolve(path)
     cfg = models.read_config(folder)
+    if head := eagle.kind(folder):
+        taps = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or "1, L/2 - 1, L - 4"
+        print(f"kind: {models.HEADS[head]} (a draft for a target; --draft {head} --draft-model {path})")
+        print(f"hidden: {cfg.get('hidden_size')}  target layers read: {taps}  "
+              f"vocab: {cfg.get('draft_vocab_size', cfg.get('vocab_size'))} of {cfg.get('vocab_size')}")
+        return
     print(f"model_type: {cfg.get('model_type')}")
     print(f"layers: {cfg.get('num_hidden_layers')}  hidden: {cfg.get('hidden_size')}  vocab: {cfg.get('vocab_size')}")
     print(f"context: {models.max_context(cfg)}")

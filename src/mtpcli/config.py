@@ -27,7 +27,8 @@ from .errors import UsageError
 SHIPPED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "exact"
 META_KEYS = {"description", "extends"}
-SOURCES = ("auto", "model", "ngram", "mtp", "history", "none")
+SOURCES = ("auto", "model", "eagle3", "ngram", "mtp", "history", "none")
+DRAFTED = ("auto", "model", "eagle3")  # the draft values that read --draft-model
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
 AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
 SEEDS = 1 << 64  # mx.random.key takes 0..2^64-1
@@ -54,7 +55,8 @@ def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
 @dataclass(frozen=True)
 class Config:
     model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache).")
-    draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target); implies draft = \"model\".")
+    draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target), or a trained EAGLE-3 head's folder "
+                                     "(draft = \"eagle3\", a source of auto).")
     draft: str = key("auto", "Draft source. auto: each cycle the source and width 0..n_max with the most expected "
                      "tokens per second; with the width pinned (num_draft_tokens or adaptive): the draft model, else "
                      "MTP heads, else history when on, else ngram.", SOURCES)
@@ -299,8 +301,9 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
                          "(--typical-threshold)")
     if v["ngram_min"] > v["ngram_max"]:
         raise UsageError(f"ngram_min ({v['ngram_min']}) must not exceed ngram_max ({v['ngram_max']})")
-    if v["draft"] == "model" and not v["draft_model"]:
-        raise UsageError("--draft model needs --draft-model PATH_OR_ID")
+    if v["draft"] in ("model", "eagle3") and not v["draft_model"]:
+        raise UsageError(f"--draft {v['draft']} needs --draft-model PATH_OR_ID" + " (an EAGLE-3 head's folder)" *
+                         (v["draft"] == "eagle3"))
     if v["draft"] == "history":
         if v["history"] is False and origins["history"] != "default":
             raise UsageError(f"--draft history needs the history, but history is off ({origins['history']})")
@@ -314,22 +317,27 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
     return Config(**v, profile=prof.name, origins=origins, pinned=pinned)
 
 
-def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool = False) -> Config:
-    """What depends on the loaded target: the sources that draft. draft = auto chooses among every source the run has
-    (n-gram lookup, the draft model when given, the MTP heads when the checkpoint has them and rows decode one at a
-    time, the history when on) unless its width is pinned: then the first it has of model, mtp, history, ngram."""
-    draft = cfg.draft
+def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool = False,
+           head: str | None = None) -> Config:
+    """What depends on the loaded models: the sources that draft. draft = auto chooses among every source the run has
+    (n-gram lookup, the draft model when given (or the trained head it is: `head`, which then stands for the MTP
+    heads too), the MTP heads when the checkpoint has them and rows decode one at a time, the history when on)
+    unless its width is pinned: then the first it has of model, mtp, history, ngram."""
+    draft, model = cfg.draft, head or "model"
     if draft == "auto" and cfg.pinned:
-        draft = "model" if cfg.draft_model else "mtp" if has_mtp else "history" if cfg.history else "ngram"
+        draft = model if cfg.draft_model else "mtp" if has_mtp else "history" if cfg.history else "ngram"
+    if draft in ("model", "eagle3") and draft != model:
+        raise UsageError(f"--draft {draft}: --draft-model '{cfg.draft_model}' is " + (
+            f"an EAGLE-3 head (use --draft eagle3 or auto)" if head else "not an EAGLE-3 head (its config.json)"))
     if cfg.tree != "off" and (sharded or draft == "mtp"):
         raise UsageError("--spec-tree is not supported with " + (f"--distributed {cfg.distributed}" if sharded else
                                                                  "--draft mtp") + " yet (use --spec-tree off)")
-    if draft == "mtp" and sharded:
-        raise UsageError(f"--draft mtp is not supported with --distributed {cfg.distributed} yet (use --draft model, "
-                         "ngram or none)")
+    if draft in ("mtp", "eagle3") and sharded:
+        raise UsageError(f"--draft {draft} is not supported with --distributed {cfg.distributed} yet (use --draft "
+                         "model, ngram or none)")
     if draft != "auto":
         return replace(cfg, draft=draft, sources=() if draft == "none" else (draft,))
-    sources = ("ngram",) + ("model",) * bool(cfg.draft_model) + ("mtp",) * (has_mtp and not several_rows) \
+    sources = ("ngram",) + (model,) * bool(cfg.draft_model) + ("mtp",) * (has_mtp and not several_rows and not head) \
         + ("history",) * cfg.history
     widest = {}  # the history's default widest draft (16) is for the history: the other sources keep theirs
     if cfg.history and cfg.origins.get("n_max", "default") == "default":

@@ -160,7 +160,8 @@ class Engine:
     def __init__(self, model, drafter=None, policy=None, eos_token_ids=(), config=DecodeConfig(),
                  batch_size: int = 1, peer=None):
         self.drafter = drafter or NoDraft()
-        self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden)
+        self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden,
+                         taps=self.drafter.taps)
         if self.drafter.speculates:
             self.target.require_rollback()  # refused before any decoding, not at the first rejection
         self.policy = policy or FixedWidth(0)

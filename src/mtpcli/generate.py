@@ -128,17 +128,16 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
         target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
             models.load(cfg.model, "target model")
     draft = None  # a sharded target's draft model: on rank 0
-    if cfg.draft_model and cfg.draft in ("auto", "model") and (group.root or not group.sharded):
+    if cfg.draft_model and cfg.draft in config.DRAFTED and (group.root or not group.sharded):
         with working(f"loading draft model {cfg.draft_model} ...", opts.quiet):
-            draft = models.load(cfg.draft_model, "draft model")
-        models.check_pair(target, draft)
+            draft = models.load_draft(cfg.draft_model, target)
     completions, requests, capped = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
     size = batch_size(target.config, requests, opts.batch_size)
     cfg = config.settle(cfg, models.has_mtp(target), several_rows=size > 1 and not models.one_row(target),
-                        sharded=group.sharded)
+                        sharded=group.sharded, head=draft.kind if draft is not None and draft.kind != "model" else None)
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None

@@ -112,7 +112,8 @@ class Drafter:
 
     name = "none"
     speculates = True  # False only for plain decoding
-    needs_hidden = False  # asks the engine for the target's hidden states
+    needs_hidden = False  # asks the engine for the target's hidden states (its last layer's, after the norm)
+    taps: tuple[int, ...] = ()  # ... or the outputs of these target layers, joined (an EAGLE-3 head's)
     max_rows: int | None = None  # caps the batch (None: any)
     stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
     trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node

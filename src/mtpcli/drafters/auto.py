@@ -13,6 +13,7 @@ class AutoDrafter(Drafter):
     def __init__(self, sources: dict[str, Drafter]):
         self.sources = dict(sources)
         self.needs_hidden = any(d.needs_hidden for d in self.sources.values())
+        self.taps = next((d.taps for d in self.sources.values() if d.taps), ())  # (one source reads hidden states)
         self.max_rows = min((d.max_rows for d in self.sources.values() if d.max_rows), default=None)
 
     def lookahead(self, source: str, contexts: list, k: int) -> list | None:

@@ -11,6 +11,17 @@ from ..tree import Shape, merge, pays
 from . import Draft, Drafter, autoregress, passes
 
 
+def chain_or_tree(drafter, step, caps, sp: SamplingParams, keys, plan) -> Draft:
+    """A sampled source's draft through `step` (autoregress): a chain, or with a node budget the drafter's tree."""
+    if not drafter.nodes:
+        return autoregress(step, caps, sp, keys, drafter.p_min, *(plan and plan.stop or ()))
+    split = [mx.random.split(k) if k is not None else (None, None) for k in keys]
+    caps = [min(c, drafter.nodes) for c in caps]  # the tree's chain fits its budget
+    chain = autoregress(step, caps, sp, [a for a, _ in split], drafter.p_min, *(plan and plan.stop or ()),
+                        dists=True)
+    return drafter.tree(chain, sp, [b for _, b in split])
+
+
 class ModelDrafter(Drafter):
     name = "model"
     stops = True
@@ -56,13 +67,7 @@ class ModelDrafter(Drafter):
             self._fed += 1
             return self.lm.forward(*block, last=True)[:, -1]
 
-        if not self.nodes:
-            return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()))
-        split = [mx.random.split(k) if k is not None else (None, None) for k in keys]
-        caps = [min(c, self.nodes) for c in caps]  # the tree's chain fits its budget
-        chain = autoregress(step, caps, sp, [a for a, _ in split], self.p_min, *(plan and plan.stop or ()),
-                            dists=True)
-        return self.tree(chain, sp, [b for _, b in split])
+        return chain_or_tree(self, step, caps, sp, keys, plan)
 
     def tree(self, chain: Draft, sp: SamplingParams, keys: list) -> Draft:
         """The chain, and siblings at its least sure positions (where the draft's most likely token is least

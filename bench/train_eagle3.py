@@ -1,0 +1,195 @@
+"""Train an EAGLE-3 head (the published layout mtpcli reads: src/mtpcli/eagle.py) for a target, on text that is not
+the benchmark's, and write it as a checkpoint folder: config.json + model.safetensors (fc, midlayer.*, norm,
+lm_head, d2t, t2d).
+
+The method is EAGLE-3's (Li et al., 2025; SpecForge's llama3_eagle.py): the target is frozen; its layers 1, L/2 - 1
+and L - 4 are tapped; the head learns the target's next-token distribution (soft labels over the reduced vocabulary,
+the `--draft-vocab` most frequent tokens of the training text) with training-time test: step k feeds the head's own
+output of step k - 1 with the next teacher token, at RoPE position t + k, attending to step 0's keys up to t and to
+its own earlier steps at t only; step k's loss is weighted 0.8^k.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/train_eagle3.py --model smollm2-135m \
+        --out /tmp/smol-eagle3 --minutes 20      (on a CPU: OpenBLAS preloaded, as mtpcli does for itself)
+
+Text: Python's standard library (*.py) and /usr/share/doc (plain-text files), by default."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+
+from mtpcli import eagle, models
+from mtpcli.cache import split_model, tap
+
+
+def corpus(roots: list[str], limit_mb: float, seed: int) -> list[str]:
+    files = []
+    for root in roots:
+        files += [f for f in glob.glob(os.path.join(root, "**", "*"), recursive=True)
+                  if os.path.isfile(f) and not f.endswith((".gz", ".pyc", ".so", ".png", ".svg", ".html"))]
+    random.Random(seed).shuffle(files)
+    texts, size = [], 0
+    for f in files:
+        try:
+            t = Path(f).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if len(t) < 200:
+            continue
+        texts.append(t[:20000])
+        size += len(texts[-1])
+        if size > limit_mb * 1e6:
+            break
+    return texts
+
+
+def sequences(tokenizer, texts: list[str], n: int) -> np.ndarray:
+    ids = []
+    for t in texts:
+        ids += tokenizer.encode(t) + [tokenizer.eos_token_id or 0]
+    m = len(ids) // n
+    return np.array(ids[: m * n], np.int32).reshape(m, n)
+
+
+def head_config(target_cfg: dict, taps, draft_vocab: int, vocab: int, intermediate: int | None) -> dict:
+    H = target_cfg["hidden_size"]
+    keep = ("num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+            "max_position_embeddings")
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+            "num_hidden_layers": 1, "intermediate_size": intermediate or target_cfg["intermediate_size"],
+            "vocab_size": vocab, "draft_vocab_size": draft_vocab, "tie_word_embeddings": False,
+            **{k: target_cfg[k] for k in keep if target_cfg.get(k) is not None},
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(taps), "use_aux_hidden_state": True}}
+
+
+def step_losses(head: eagle.Head, embed, feats, tokens, labels, K: int, decay: float = 0.8):
+    """Training-time test over K steps: feats (B, n, 3H) at t pair with tokens t + 1 (+k); labels[k] (B, L, Vd)."""
+    layer = head.layers[0]
+    at = layer.self_attn
+    B, n, _ = feats.shape
+    L = n - K - 1
+    h = head.fc(feats[:, :L])
+    keys, vals, total, accs = [], [], 0.0, []
+    causal = mx.arange(L)[:, None] >= mx.arange(L)[None]
+    diag = mx.eye(L, dtype=mx.bool_)
+    for k in range(K):
+        e = embed(tokens[:, 1 + k : 1 + k + L])
+        normed = layer.hidden_norm(h)
+        x = mx.concatenate([layer.input_layernorm(e), normed], axis=-1)
+        q = at.q_proj(x).reshape(B, L, at.n_heads, -1).transpose(0, 2, 1, 3)
+        kk = at.k_proj(x).reshape(B, L, at.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = at.v_proj(x).reshape(B, L, at.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, kk = at.rope(q, offset=k), at.rope(kk, offset=k)
+        keys.append(kk)
+        vals.append(v)
+        mask = mx.concatenate([causal] + [diag] * k, axis=1)
+        o = mx.fast.scaled_dot_product_attention(q, mx.concatenate(keys, axis=2), mx.concatenate(vals, axis=2),
+                                                 scale=at.scale, mask=mask)
+        h1 = (normed if layer.norm_before_residual else h) + at.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        h = h1 + layer.mlp(layer.post_attention_layernorm(h1))
+        logits = head.lm_head(head.norm(h))
+        p = labels[:, k : k + L]
+        total = total + decay ** k * -(p * nn.log_softmax(logits, axis=-1)).sum(-1).mean()
+        accs.append((logits.argmax(-1) == p.argmax(-1)).astype(mx.float32).mean())
+    return total, accs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--text", nargs="*", default=[os.path.dirname(os.__file__), "/usr/share/doc"])
+    ap.add_argument("--text-mb", type=float, default=8.0)
+    ap.add_argument("--draft-vocab", type=int, default=16384)
+    ap.add_argument("--intermediate", type=int, default=None, help="the head's MLP width (default: the target's)")
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--ttt", type=int, default=3, help="training-time-test steps")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--max-steps", type=int, default=100000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    random.seed(a.seed)
+    mx.random.seed(a.seed)
+    target = models.load(a.model, "target model")
+    model, tc = target.model, target.config
+    V = models.output_size(target)
+    data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
+    counts = np.bincount(data.ravel(), minlength=V)
+    used = np.sort(np.argsort(-counts, kind="stable")[: a.draft_vocab])
+    Vd = len(used)
+    print(f"{data.shape[0]} sequences of {a.seq} tokens; draft vocabulary {Vd} of {V} covers "
+          f"{counts[used].sum() / counts.sum():.1%} of the text", file=sys.stderr)
+    taps = eagle.default_taps(len(model.layers))
+    cfg = head_config(tc, taps, Vd, V, a.intermediate)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    from mlx_lm.models import llama
+    args = llama.ModelArgs.from_dict({**cfg, "hidden_size": tc["hidden_size"]})
+    head = eagle.Head(args, len(taps) * tc["hidden_size"], Vd, False, False)
+    step = train(model, head, taps, used, data, a.minutes, a.max_steps, a.batch, a.ttt, a.lr, a.seed)
+    save(head, used, V, out)
+    print(json.dumps({"out": str(out), "steps": step, "minutes": a.minutes, "tokens_seen": step * a.batch * a.seq,
+                      "draft_vocab": Vd}))
+
+
+def train(model, head: eagle.Head, taps, used: np.ndarray, data: np.ndarray, minutes: float, max_steps: int,
+          batch: int, ttt: int, lr: float, seed: int = 0, log=sys.stderr) -> int:
+    """Train `head` over the frozen `model` on token sequences `data` (m, n) until the time or the steps run out
+    (AdamW, cosine decay to a tenth); returns the steps taken."""
+    inner, lm_head = split_model(model)
+    model.freeze()
+    sink = tap(model, taps)
+    ids = mx.array(used, dtype=mx.int32)
+
+    def loss_fn(head, feats, x, labels):
+        return step_losses(head, inner.embed_tokens, feats, x, labels, ttt)
+
+    grad = nn.value_and_grad(head, loss_fn)
+    opt = optim.AdamW(learning_rate=lr, weight_decay=0.0)
+    rng = np.random.default_rng(seed)
+    t0, step = time.time(), 0
+    while time.time() - t0 < minutes * 60 and step < max_steps:
+        x = mx.array(data[rng.choice(len(data), batch, replace=len(data) < batch)])
+        h = inner(x)  # the frozen target: its tapped states, and its distributions over the draft vocabulary
+        feats = mx.concatenate([sink[i] for i in taps], axis=-1)
+        labels = mx.softmax(lm_head(h)[:, 1:][..., ids].astype(mx.float32), axis=-1)  # at t: after token t + 1
+        frac = min(1.0, max(step / max_steps, (time.time() - t0) / (minutes * 60)))
+        opt.learning_rate = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        (loss, accs), g = grad(head, mx.stop_gradient(feats), x, mx.stop_gradient(labels))
+        opt.update(head, g)
+        mx.eval(head.parameters(), opt.state, loss, accs)
+        if log is not None and step % 20 == 0:
+            print(f"step {step} {time.time() - t0:.0f}s loss {loss.item():.3f} top-1 agreement by step "
+                  + " ".join(f"{x.item():.2f}" for x in accs), file=log, flush=True)
+        step += 1
+    return step
+
+
+def save(head: eagle.Head, used: np.ndarray, vocab: int, out: Path) -> None:
+    """The published layout: midlayer.*, d2t (draft id + d2t = target id), t2d (the target ids it has)."""
+    w = {k.replace("layers.0.", "midlayer.", 1): v for k, v in tree_flatten(head.parameters())}
+    w["d2t"] = mx.array(used - np.arange(len(used)), dtype=mx.int64)
+    t2d = np.zeros(vocab, bool)
+    t2d[used] = True
+    w["t2d"] = mx.array(t2d)
+    mx.save_safetensors(str(out / "model.safetensors"), w)
+
+
+if __name__ == "__main__":
+    main()
