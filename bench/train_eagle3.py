@@ -122,13 +122,23 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokens", help="token sequences (.npy) to train on instead of --text, as --save-tokens wrote")
+    ap.add_argument("--save-tokens", help="only tokenize --text into this .npy (for a machine without the text)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights saved as")
     a = ap.parse_args()
     random.seed(a.seed)
     mx.random.seed(a.seed)
     target = models.load(a.model, "target model")
     model, tc = target.model, target.config
     V = models.output_size(target)
-    data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
+    if a.tokens:
+        data = np.load(a.tokens).astype(np.int32)
+        data = data.reshape(-1)[: data.size // a.seq * a.seq].reshape(-1, a.seq)
+    else:
+        data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
+    if a.save_tokens:
+        np.save(a.save_tokens, data.astype(np.uint16 if V <= 1 << 16 else np.int32))
+        return
     counts = np.bincount(data.ravel(), minlength=V)
     used = np.sort(np.argsort(-counts, kind="stable")[: a.draft_vocab])
     Vd = len(used)
@@ -143,7 +153,7 @@ def main() -> None:
     args = llama.ModelArgs.from_dict({**cfg, "hidden_size": tc["hidden_size"]})
     head = eagle.Head(args, len(taps) * tc["hidden_size"], Vd, False, False)
     step = train(model, head, taps, used, data, a.minutes, a.max_steps, a.batch, a.ttt, a.lr, a.seed)
-    save(head, used, V, out)
+    save(head, used, V, out, getattr(mx, a.dtype))
     print(json.dumps({"out": str(out), "steps": step, "minutes": a.minutes, "tokens_seen": step * a.batch * a.seq,
                       "draft_vocab": Vd}))
 
@@ -152,7 +162,7 @@ def train(model, head: eagle.Head, taps, used: np.ndarray, data: np.ndarray, min
           batch: int, ttt: int, lr: float, seed: int = 0, log=sys.stderr) -> int:
     """Train `head` over the frozen `model` on token sequences `data` (m, n) until the time or the steps run out
     (AdamW, cosine decay to a tenth); returns the steps taken."""
-    inner, lm_head = split_model(model)
+    inner, _ = split_model(model)
     model.freeze()
     sink = tap(model, taps)
     ids = mx.array(used, dtype=mx.int32)
@@ -166,9 +176,9 @@ def train(model, head: eagle.Head, taps, used: np.ndarray, data: np.ndarray, min
     t0, step = time.time(), 0
     while time.time() - t0 < minutes * 60 and step < max_steps:
         x = mx.array(data[rng.choice(len(data), batch, replace=len(data) < batch)])
-        h = inner(x)  # the frozen target: its tapped states, and its distributions over the draft vocabulary
+        logits = model(x)  # the frozen target: its tapped states, and its distributions over the draft vocabulary
         feats = mx.concatenate([sink[i] for i in taps], axis=-1)
-        labels = mx.softmax(lm_head(h)[:, 1:][..., ids].astype(mx.float32), axis=-1)  # at t: after token t + 1
+        labels = mx.softmax(logits[:, 1:][..., ids].astype(mx.float32), axis=-1)  # at t: after token t + 1
         frac = min(1.0, max(step / max_steps, (time.time() - t0) / (minutes * 60)))
         opt.learning_rate = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         (loss, accs), g = grad(head, mx.stop_gradient(feats), x, mx.stop_gradient(labels))
@@ -181,9 +191,9 @@ def train(model, head: eagle.Head, taps, used: np.ndarray, data: np.ndarray, min
     return step
 
 
-def save(head: eagle.Head, used: np.ndarray, vocab: int, out: Path) -> None:
+def save(head: eagle.Head, used: np.ndarray, vocab: int, out: Path, dtype=mx.float32) -> None:
     """The published layout: midlayer.*, d2t (draft id + d2t = target id), t2d (the target ids it has)."""
-    w = {k.replace("layers.0.", "midlayer.", 1): v for k, v in tree_flatten(head.parameters())}
+    w = {k.replace("layers.0.", "midlayer.", 1): v.astype(dtype) for k, v in tree_flatten(head.parameters())}
     w["d2t"] = mx.array(used - np.arange(len(used)), dtype=mx.int64)
     t2d = np.zeros(vocab, bool)
     t2d[used] = True

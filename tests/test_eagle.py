@@ -217,3 +217,33 @@ def test_cli_eagle3_and_auto_with_a_head(heads, cli):
     assert r.returncode == 2 and "is an EAGLE-3 head" in r.stderr.decode()
     out = cli("models", "inspect", h).stdout.decode()
     assert "EAGLE-3 draft head" in out and "[1, 1, 0]" in out
+
+
+def test_taps_leave_the_targets_logits_as_they_are_and_follow_the_lm_that_runs(tmp_path):
+    """A family whose LM head does more than the split one (gemma2 soft-caps its logits): tapped, the target still
+    gives its own logits; two LMs tapping one model each get their own pass's states."""
+    from mtpcli.cache import LM
+
+    path = make_model(tmp_path / "g2", layers=4, model_type="gemma2", head_dim=8, query_pre_attn_scalar=8,
+                      final_logit_softcapping=5.0, attn_logit_softcapping=50.0, sliding_window=16)
+    target = models.load(str(path))
+    x = mx.array([[3, 4, 5, 6, 7]])
+    plain, a, b = LM(target.model), LM(target.model, taps=(1, 2, 0)), LM(target.model, taps=(1, 2, 0))
+    for lm in (plain, a, b):
+        lm.add_rows(1)
+    want = plain.forward(x)
+    assert mx.allclose(a.forward(x), want, atol=1e-5).item()
+    b.forward(x[:, :2])
+    a.forward(x[:, :1])
+    assert a.hidden.shape == (1, 1, 3 * 32) and b.hidden.shape == (1, 2, 3 * 32)
+
+
+def test_the_speculators_export_loads_with_its_nested_layer_config(heads, tmp_path):
+    target, _ = load(heads)
+    path = make_eagle3_head(tmp_path / "spec", heads["full"][0], prefix="layers.0.")
+    cfg = json.loads((path / "config.json").read_text())
+    layer = {k: cfg.pop(k) for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                     "rms_norm_eps", "max_position_embeddings", "rope_theta")}
+    cfg.update(transformer_layer_config={**layer, "model_type": "llama"}, eagle_aux_hidden_state_layer_ids=[1, 2, 3])
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert models.load_draft(str(path), target).model.io.taps == (0, 1, 2)  # (its ids: the layers whose input it reads)

@@ -52,7 +52,8 @@ def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 3
     mx.random.seed(seed)
     family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = family.Model(family.ModelArgs.from_dict(config))
-    model.lm_head.weight = model.lm_head.weight * logit_scale
+    if "lm_head" in model:  # (gemma2 ties its head to the embedding)
+        model.lm_head.weight = model.lm_head.weight * logit_scale
     _save(model, config, path)
     write_tokenizer(path, chat_template, vocab)
     return path
@@ -128,7 +129,8 @@ def make_hybrid_model(path: str | Path, seed: int = 0, logit_scale: float = 4.0)
     }
     mx.random.seed(seed)
     model = qwen3_next.Model(qwen3_next.ModelArgs.from_dict(config))
-    model.lm_head.weight = model.lm_head.weight * logit_scale
+    if "lm_head" in model:  # (gemma2 ties its head to the embedding)
+        model.lm_head.weight = model.lm_head.weight * logit_scale
     _save(model, config, path)
     write_tokenizer(path)
     return path

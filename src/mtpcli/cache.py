@@ -158,6 +158,7 @@ class LM:
             return prefix
         layout, caches = self._fresh(1, False)
         hidden = []
+        self._aim()
         for i in range(0, len(tokens), self.prefill_step):
             chunk = mx.array(tokens[i : i + self.prefill_step])[None]
             layout.begin(chunk.shape[1], None)
@@ -217,7 +218,8 @@ class LM:
         """Feed a (B, n) block; head: "all" logits, "last" position's logits only, "none" (hidden states)."""
         self.layout.begin(tokens.shape[1], valid, tree)
         self._tree_n = tokens.shape[1] if tree is not None else 0
-        if self.parts and (head == "none" or self.keep_hidden):  # (the split head is the model's own logits
+        self._aim()
+        if self.parts and (head == "none" or (self.keep_hidden and not self.taps)):  # (the split head is the model's own logits
             h = self.parts[0](tokens, cache=self.caches)         # only for the MTP families: not gemma's)
             out = h if head == "none" else self.parts[1](h if head == "all" else h[:, -1:])
         else:
@@ -230,8 +232,20 @@ class LM:
             self._fed.append(tokens)
         return out
 
+    def _aim(self) -> None:
+        """The tapped layers leave their outputs with this LM (another may have tapped the same model since)."""
+        for i in self.taps:
+            type(self.model.layers[i]).sink = self._tapped
+        self._tapped.clear()
+
     def _kept(self, h: mx.array) -> mx.array:
-        return mx.concatenate([self._tapped[i] for i in self.taps], axis=-1) if self.taps else h
+        if not self.taps:
+            return h
+        outs = [self._tapped.get(i) for i in self.taps]
+        if any(o is None or o.shape[:-1] != h.shape[:-1] or o.ndim != 3 for o in outs):
+            raise ModelError(f"the {self.role}'s layers {list(self.taps)} do not each give (rows, tokens, hidden) "
+                             "states: a head cannot read them")
+        return mx.concatenate(outs, axis=-1)
 
     def forward(self, tokens: mx.array, valid: np.ndarray | None = None, last: bool = False, tree=None) -> mx.array:
         """Append a (B, n) block (rows left-padded where `valid` is False; a tree's positions, tree.Shape, with

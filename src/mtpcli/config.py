@@ -332,9 +332,9 @@ def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool
     if cfg.tree != "off" and (sharded or draft == "mtp"):
         raise UsageError("--spec-tree is not supported with " + (f"--distributed {cfg.distributed}" if sharded else
                                                                  "--draft mtp") + " yet (use --spec-tree off)")
-    if draft in ("mtp", "eagle3") and sharded:
-        raise UsageError(f"--draft {draft} is not supported with --distributed {cfg.distributed} yet (use --draft "
-                         "model, ngram or none)")
+    if (draft == "mtp" or head) and sharded:
+        raise UsageError(("--draft mtp" if draft == "mtp" else f"a trained head (--draft-model {cfg.draft_model})") +
+                         f" is not supported with --distributed {cfg.distributed} yet (use a draft model, ngram or none)")
     if draft != "auto":
         return replace(cfg, draft=draft, sources=() if draft == "none" else (draft,))
     sources = ("ngram",) + (model,) * bool(cfg.draft_model) + ("mtp",) * (has_mtp and not several_rows and not head) \

@@ -109,6 +109,11 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     where = f"draft head {folder}"
+    if isinstance(config.get("transformer_layer_config"), dict):  # the Speculators export: the layer's fields nested,
+        ids = config.get("eagle_aux_hidden_state_layer_ids")       # its ids those of the layers whose INPUT is read
+        config = {**config, **config["transformer_layer_config"]}
+        if ids:
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids]}
     w = _weights(folder)
     for name in ("fc.weight", "lm_head.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"):
         if name not in w:
@@ -143,8 +148,11 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
         raise ModelError(f"{where} has no embedding of its own, and the target's is not reachable")
     if not own_embed and target_hidden != H:
         raise ModelError(f"{where} is {H} wide without its own embedding; the target's embedding is {target_hidden} wide")
-    args = llama.ModelArgs.from_dict({"model_type": "llama", "num_hidden_layers": 1, **config, "vocab_size": vocab,
-                                      "hidden_size": H})
+    try:
+        args = llama.ModelArgs.from_dict({"model_type": "llama", "num_hidden_layers": 1, **config, "vocab_size": vocab,
+                                          "hidden_size": H})
+    except TypeError as e:
+        raise ModelError(f"{where}: its config.json lacks a layer field ({e})") from None
     head = Head(args, fc_in, draft_vocab, own_embed, bool(config.get("norm_before_residual", False)))
     try:
         head.load_weights([(k, v) for k, v in w.items() if k not in ("d2t", "t2d")], strict=True)
@@ -154,7 +162,8 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
         head.set_dtype(mx.float32)  # (half precision is slow on a CPU)
     mx.eval(head.parameters())
     head.eval()
-    head.io.embed, head.io.to_target, head.io.taps = split_model(target_model)[0].embed_tokens, to_target, taps
+    head.io.embed = None if own_embed else split_model(target_model)[0].embed_tokens
+    head.io.to_target, head.io.taps = to_target, taps
     return head
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import assemble, config, distributed, models, runlog
+from . import assemble, config, distributed, eagle, models, runlog
 from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
@@ -118,6 +118,11 @@ def decode(group, engine, requests: list[Request], writer: Writer, store) -> int
     return 0
 
 
+def draft_head(cfg: config.Config) -> str | None:
+    """The kind of trained head --draft-model is, if it is one (from its config.json, on every rank)."""
+    return eagle.kind(models.resolve(cfg.draft_model)) if cfg.draft_model and cfg.draft in config.DRAFTED else None
+
+
 def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     group = distributed.setup(cfg, several=len(items) * opts.n > 1)  # under mlx.launch: the group, else Solo
     if not group.root:  # only rank 0 writes the statistics file and the run log
@@ -137,7 +142,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
             err(f"mtpcli: row {c.index}: {c.item.error}")
     size = batch_size(target.config, requests, opts.batch_size)
     cfg = config.settle(cfg, models.has_mtp(target), several_rows=size > 1 and not models.one_row(target),
-                        sharded=group.sharded, head=draft.kind if draft is not None and draft.kind != "model" else None)
+                        sharded=group.sharded, head=draft_head(cfg))
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None

@@ -35,11 +35,13 @@ class EagleDrafter(Drafter):
 
     def add_rows(self, n: int) -> None:
         self.lm.add_rows(n)
+        self._committed = None
         self.pending += [([], []) for _ in range(n)]
         self.seen += [0] * n
 
     def keep_rows(self, rows: list[int]) -> None:
         self.lm.keep_rows(rows)
+        self._committed = None
         self.pending, self.seen = [self.pending[r] for r in rows], [self.seen[r] for r in rows]
 
     def start(self, row: int, prompt: list[int], hidden: mx.array | None = None, keep: bool = False) -> None:
