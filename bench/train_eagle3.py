@@ -64,6 +64,45 @@ def sequences(tokenizer, texts: list[str], n: int) -> np.ndarray:
     return np.array(ids[: m * n], np.int32).reshape(m, n)
 
 
+ASKS = {"code": ["Explain what this code does, step by step:\n\n{}", "Write unit tests for this code:\n\n{}",
+                 "Rewrite this code to be clearer, and say what you changed:\n\n{}"],
+        "text": ["Summarize this text in a few paragraphs:\n\n{}", "What are the main points of this text?\n\n{}",
+                 "Write a short explanation of this for a beginner:\n\n{}"]}
+
+
+def chat_prompts(tokenizer, texts: list[str], n: int, seed: int) -> list[list[int]]:
+    """n chat prompts made of the training text (its own snippets asked about), for the target to answer: the
+    head then learns the target's answers (EAGLE's self-distillation), not only raw text."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t = texts[i % len(texts)]
+        start = rng.randrange(max(1, len(t) - 1200))
+        snippet = t[start : start + rng.randrange(300, 1200)]
+        ask = rng.choice(ASKS["code" if "def " in snippet or "import " in snippet else "text"])
+        out.append(list(tokenizer.apply_chat_template([{"role": "user", "content": ask.format(snippet)}],
+                                                      add_generation_prompt=True)))
+    return out
+
+
+def distill(model, tokenizer, prompts: list[list[int]], max_tokens: int, n: int, batch: int = 256) -> np.ndarray:
+    """The target's own answers (T = 0.7) to `prompts`, each after its prompt, packed into rows of n tokens."""
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    ids, t0 = [], time.time()
+    for i in range(0, len(prompts), batch):
+        part = prompts[i : i + batch]
+        r = batch_generate(model, tokenizer, part, max_tokens=max_tokens, return_token_ids=True,
+                           sampler=make_sampler(temp=0.7))
+        for p, answer in zip(part, r.token_ids):
+            ids += p + list(answer) + [tokenizer.eos_token_id or 0]
+        print(f"distilled {i + len(part)} answers, {len(ids)} tokens, {time.time() - t0:.0f}s", file=sys.stderr,
+              flush=True)
+    m = len(ids) // n
+    return np.array(ids[: m * n], np.int32).reshape(m, n)
+
+
 def head_config(target_cfg: dict, taps, draft_vocab: int, vocab: int, intermediate: int | None) -> dict:
     H = target_cfg["hidden_size"]
     keep = ("num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
@@ -124,6 +163,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens", help="token sequences (.npy) to train on instead of --text, as --save-tokens wrote")
     ap.add_argument("--save-tokens", help="only tokenize --text into this .npy (for a machine without the text)")
+    ap.add_argument("--save-prompts", help="only write chat prompts made of --text (token ids, JSON) to this file")
+    ap.add_argument("--prompts", help="chat prompts (as --save-prompts wrote) for the target to answer first")
+    ap.add_argument("--answer-tokens", type=int, default=256, help="tokens of each answer (with --prompts)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights saved as")
     a = ap.parse_args()
     random.seed(a.seed)
@@ -136,6 +178,13 @@ def main() -> None:
         data = data.reshape(-1)[: data.size // a.seq * a.seq].reshape(-1, a.seq)
     else:
         data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
+    if a.save_prompts:
+        Path(a.save_prompts).write_text(json.dumps(chat_prompts(target.tokenizer, corpus(a.text, a.text_mb, a.seed),
+                                                                 4096, a.seed)))
+        return
+    if a.prompts:  # the target's answers first, then the text, shuffled together
+        answers = distill(model, target.tokenizer, json.loads(Path(a.prompts).read_text()), a.answer_tokens, a.seq)
+        data = np.concatenate([answers, answers, data])  # (the answers weigh as much as the text)
     if a.save_tokens:
         np.save(a.save_tokens, data.astype(np.uint16 if V <= 1 << 16 else np.int32))
         return

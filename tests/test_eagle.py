@@ -247,3 +247,14 @@ def test_the_speculators_export_loads_with_its_nested_layer_config(heads, tmp_pa
     cfg.update(transformer_layer_config={**layer, "model_type": "llama"}, eagle_aux_hidden_state_layer_ids=[1, 2, 3])
     (path / "config.json").write_text(json.dumps(cfg))
     assert models.load_draft(str(path), target).model.io.taps == (0, 1, 2)  # (its ids: the layers whose input it reads)
+
+
+def test_settle_with_a_head_names_it_and_refuses_sharded_targets():
+    from mtpcli import config
+    from mtpcli.errors import UsageError
+
+    cfg = config.resolve("exact", {"model": "m", "draft_model": "h"})
+    assert config.settle(cfg, has_mtp=True, head="eagle3").sources == ("ngram", "eagle3")  # (not the MTP heads too)
+    assert config.settle(cfg, has_mtp=False).sources == ("ngram", "model")
+    with pytest.raises(UsageError, match="trained head"):
+        config.settle(cfg, has_mtp=False, sharded=True, head="eagle3")
