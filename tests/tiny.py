@@ -290,3 +290,36 @@ def make_eagle3_head(path: str | Path, target: str | Path, seed: int = 0, draft_
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True}
     (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
+
+
+def make_dflash_drafter(path: str | Path, target: str | Path, seed: int = 0, block: int = 4, layers: int = 2,
+                        taps: list[int] | None = None, mask_id: int = 2, damp: float = 0.1) -> Path:
+    """A random DFlash drafter for the tiny target at `target`, in z-lab's layout (config block_size and
+    dflash_config; weights fc, hidden_norm, norm, layers.N.* of a Qwen3 layer, no embedding or LM head: the
+    target's). `damp` scales the layers' output projections: small, the block's slots stay near their embeddings."""
+    path, tc = Path(path), json.loads((Path(target) / "config.json").read_text())
+    path.mkdir(parents=True, exist_ok=True)
+    H, heads, kv, inter = tc["hidden_size"], tc["num_attention_heads"], tc["num_key_value_heads"], tc["intermediate_size"]
+    hd = H // heads
+    taps = taps if taps is not None else [0, tc["num_hidden_layers"] - 1]
+    mx.random.seed(seed)
+    r = lambda *s: mx.random.normal(s) * (1.0 / s[-1] ** 0.5)  # noqa: E731
+    w = {"fc.weight": r(H, len(taps) * H), "hidden_norm.weight": mx.ones(H), "norm.weight": mx.ones(H)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        w |= {p + "input_layernorm.weight": mx.ones(H), p + "post_attention_layernorm.weight": mx.ones(H),
+              p + "self_attn.q_proj.weight": r(heads * hd, H), p + "self_attn.k_proj.weight": r(kv * hd, H),
+              p + "self_attn.v_proj.weight": r(kv * hd, H), p + "self_attn.o_proj.weight": damp * r(H, heads * hd),
+              p + "self_attn.q_norm.weight": mx.ones(hd), p + "self_attn.k_norm.weight": mx.ones(hd),
+              p + "mlp.gate_proj.weight": r(inter, H), p + "mlp.up_proj.weight": r(inter, H),
+              p + "mlp.down_proj.weight": damp * r(H, inter)}
+    mx.save_safetensors(str(path / "model.safetensors"), w)
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block,
+              "hidden_size": H, "num_hidden_layers": layers, "intermediate_size": inter, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "head_dim": hd, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "max_position_embeddings": tc["max_position_embeddings"], "vocab_size": tc["vocab_size"],
+              "num_target_layers": tc["num_hidden_layers"], "tie_word_embeddings": False,
+              "layer_types": ["full_attention"] * layers,
+              "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": taps}}
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path

@@ -15,6 +15,7 @@ from .config import Config
 from .controller import EmaController, FixedWidth, WidthPolicy
 from .drafters import Drafter, NoDraft
 from .drafters.auto import AutoDrafter
+from .drafters.dflash import DFlashDrafter
 from .drafters.eagle import EagleDrafter
 from .drafters.history import HistoryDrafter
 from .drafters.model import ModelDrafter
@@ -58,6 +59,8 @@ def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded |
         return MtpDrafter(models.mtp_head(target), target.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
     if kind == "eagle3":
         return EagleDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+    if kind == "dflash":
+        return DFlashDrafter(draft.model, prefill_step=cfg.prefill_step)
     return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
 
 
@@ -114,7 +117,7 @@ def _params(model) -> int:
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
-    sized = {"model": lambda: draft.model, "eagle3": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
+    sized = {"model": lambda: draft.model, "eagle3": lambda: draft.model, "dflash": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
     ratio = {n: _params(sized[n]()) / _params(target.model) for n in names if n in sized}
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads

@@ -318,7 +318,8 @@ def models_inspect(path: str):
     folder = models.resolve(path)
     cfg = models.read_config(folder)
     if head := eagle.kind(folder):
-        taps = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or "1, L/2 - 1, L - 4"
+        taps = ((cfg.get("eagle_config") or cfg.get("dflash_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+                or (cfg.get("dflash_config") or {}).get("target_layer_ids") or "the defaults")
         print(f"kind: {models.HEADS[head]} (a draft for a target; --draft {head} --draft-model {path})")
         print(f"hidden: {cfg.get('hidden_size')}  target layers read: {taps}  "
               f"vocab: {cfg.get('draft_vocab_size', cfg.get('vocab_size'))} of {cfg.get('vocab_size')}")

@@ -27,8 +27,8 @@ from .errors import UsageError
 SHIPPED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "exact"
 META_KEYS = {"description", "extends"}
-SOURCES = ("auto", "model", "eagle3", "ngram", "mtp", "history", "none")
-DRAFTED = ("auto", "model", "eagle3")  # the draft values that read --draft-model
+SOURCES = ("auto", "model", "eagle3", "dflash", "ngram", "mtp", "history", "none")
+DRAFTED = ("auto", "model", "eagle3", "dflash")  # the draft values that read --draft-model
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
 AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
 SEEDS = 1 << 64  # mx.random.key takes 0..2^64-1
@@ -55,8 +55,8 @@ def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
 @dataclass(frozen=True)
 class Config:
     model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache).")
-    draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target), or a trained EAGLE-3 head's folder "
-                                     "(draft = \"eagle3\", a source of auto).")
+    draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target), or a trained EAGLE-3 head's or DFlash "
+                                     "drafter's folder (draft = \"eagle3\" / \"dflash\", a source of auto).")
     draft: str = key("auto", "Draft source. auto: each cycle the source and width 0..n_max with the most expected "
                      "tokens per second; with the width pinned (num_draft_tokens or adaptive): the draft model, else "
                      "MTP heads, else history when on, else ngram.", SOURCES)
@@ -301,9 +301,9 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
                          "(--typical-threshold)")
     if v["ngram_min"] > v["ngram_max"]:
         raise UsageError(f"ngram_min ({v['ngram_min']}) must not exceed ngram_max ({v['ngram_max']})")
-    if v["draft"] in ("model", "eagle3") and not v["draft_model"]:
-        raise UsageError(f"--draft {v['draft']} needs --draft-model PATH_OR_ID" + " (an EAGLE-3 head's folder)" *
-                         (v["draft"] == "eagle3"))
+    if v["draft"] in DRAFTED[1:] and not v["draft_model"]:
+        raise UsageError(f"--draft {v['draft']} needs --draft-model PATH_OR_ID" + {"eagle3": " (an EAGLE-3 head's folder)",
+                         "dflash": " (a DFlash drafter's folder)"}.get(v["draft"], ""))
     if v["draft"] == "history":
         if v["history"] is False and origins["history"] != "default":
             raise UsageError(f"--draft history needs the history, but history is off ({origins['history']})")
@@ -326,9 +326,10 @@ def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool
     draft, model = cfg.draft, head or "model"
     if draft == "auto" and cfg.pinned:
         draft = model if cfg.draft_model else "mtp" if has_mtp else "history" if cfg.history else "ngram"
-    if draft in ("model", "eagle3") and draft != model:
-        raise UsageError(f"--draft {draft}: --draft-model '{cfg.draft_model}' is " + (
-            f"an EAGLE-3 head (use --draft eagle3 or auto)" if head else "not an EAGLE-3 head (its config.json)"))
+    if draft in DRAFTED[1:] and draft != model:
+        names = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter", "model": "a model"}
+        raise UsageError(f"--draft {draft}: --draft-model '{cfg.draft_model}' is {names[model]}" + (
+            f" (use --draft {model} or auto)" if head else f", not {names[draft]} (its config.json)"))
     if cfg.tree != "off" and (sharded or draft == "mtp"):
         raise UsageError("--spec-tree is not supported with " + (f"--distributed {cfg.distributed}" if sharded else
                                                                  "--draft mtp") + " yet (use --spec-tree off)")

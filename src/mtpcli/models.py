@@ -17,7 +17,7 @@ from huggingface_hub import snapshot_download  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_lm.utils import MODEL_REMAPPING, load_model, load_tokenizer  # noqa: E402
 
-from . import eagle, fetch, gguf_convert, mtp  # noqa: E402
+from . import dflash, eagle, fetch, gguf_convert, mtp  # noqa: E402
 from .cache import layer_kind  # noqa: E402
 from .errors import ModelError  # noqa: E402
 
@@ -31,7 +31,7 @@ class Loaded:
     config: dict
     mtp: object = None  # mtp.MtpSpec: the checkpoint's multi-token-prediction head, if any
     head: object = None  # the MTP head, built on first use
-    kind: str = "model"  # a draft: "model" (a model of the same tokenizer), or a trained head ("eagle3")
+    kind: str = "model"  # a draft: "model" (a model of the same tokenizer), or a trained head ("eagle3", "dflash")
 
 
 def canonical(name: str) -> str:
@@ -98,9 +98,7 @@ def load_draft(name: str, target: Loaded) -> Loaded:
         draft = load(name, "draft model")
         check_pair(target, draft)
         return draft
-    if kind == "dflash":
-        raise ModelError(f"--draft-model '{name}' is a {HEADS[kind]}: not supported yet (EAGLE-3 heads are)")
-    head = eagle.load(folder, target.model, output_size(target))
+    head = (dflash.load if kind == "dflash" else eagle.load)(folder, target.model, output_size(target))
     return Loaded(head, target.tokenizer, folder, name, read_config(folder), kind=kind)
 
 
