@@ -139,3 +139,26 @@ def test_cli_dflash_and_auto(pairs, cli):
         assert doc["settings"]["draft"] == draft and doc.get("auto", {}).get("sources") == sources
     r = cli("generate", "-m", t, "--draft-model", d, "--draft", "eagle3", "--prompt", "abc", "--no-chat")
     assert r.returncode == 2 and "is a DFlash drafter" in r.stderr.decode()
+
+
+def test_dflash_on_a_hybrid_target_is_greedy_identical_and_a_batch_row_samples_as_alone(pairs, tmp_path):
+    from tiny import make_hybrid_model
+
+    h = make_hybrid_model(tmp_path / "hybrid", seed=3)
+    target = models.load(str(h))
+    d = models.load_draft(str(make_dflash_drafter(tmp_path / "hd", h, taps=[0, 2])), target)
+    plain, _ = collect(target, NoDraft(), FixedWidth(0), (), PROMPT, 1, max_tokens=24)
+    spec, eng = collect(target, DFlashDrafter(d.model), FixedWidth(3), (), PROMPT, 1, max_tokens=24)
+    assert spec == plain and eng.stats.drafted > 0
+    # T > 0: a row of a batch draws what it draws alone (its own keys, whatever its neighbours' budgets)
+    target, d = load(pairs)
+    sp, tok = SamplingParams(temp=1.0), target.tokenizer
+    reqs = [Request(0, list(tok.encode(PROMPT)), 6, 5), Request(1, list(tok.encode("x = 1")), 30, 7)]
+    alone = [[t for ev in Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (),
+                                 DecodeConfig(max_tokens=30, sampling=sp)).generate([r]) for t in ev.tokens]
+             for r in reqs]
+    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=30, sampling=sp), 2)
+    outs = [[], []]
+    for ev in eng.generate(reqs):
+        outs[ev.request].extend(ev.tokens)
+    assert outs == alone

@@ -258,3 +258,14 @@ def test_settle_with_a_head_names_it_and_refuses_sharded_targets():
     assert config.settle(cfg, has_mtp=False).sources == ("ngram", "model")
     with pytest.raises(UsageError, match="trained head"):
         config.settle(cfg, has_mtp=False, sharded=True, head="eagle3")
+
+
+def test_eagle3_on_a_hybrid_target_is_greedy_identical(tmp_path):
+    from tiny import make_hybrid_model
+
+    h = make_hybrid_model(tmp_path / "hybrid", seed=3)
+    target = models.load(str(h))
+    head = models.load_draft(str(make_eagle3_head(tmp_path / "hh", h, taps=[0, 1, 3], scale=3.0)), target)
+    plain, _ = collect(target, NoDraft(), FixedWidth(0), (), PROMPT, 1, max_tokens=24)
+    spec, eng = collect(target, EagleDrafter(head.model), FixedWidth(3), (), PROMPT, 1, max_tokens=24)
+    assert spec == plain and eng.stats.drafted > 0

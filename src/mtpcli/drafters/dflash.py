@@ -80,8 +80,9 @@ class DFlashDrafter(Drafter):
             return Draft(mx.argmax(logits, axis=-1).astype(mx.int32), None, caps, list(caps))
         V = logits.shape[-1]
         q = probs(logits.reshape(B * k, V), sp).reshape(B, k, V)
-        tokens = mx.stack([mx.concatenate([sample(q[b, j], key).reshape(1) for j, key in
-                                           enumerate(mx.random.split(keys[b], k))]) for b in range(B)])
+        row_keys = [mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]  # a row's own: as alone
+        tokens = mx.stack([mx.concatenate([sample(q[b, j], row_keys[b][j]).reshape(1) if j < caps[b] else
+                                           mx.argmax(q[b, j]).reshape(1) for j in range(k)]) for b in range(B)])
         return Draft(tokens.astype(mx.int32), q, caps, list(caps))
 
     def commit(self, contexts, n_accepted, hidden: mx.array | None = None) -> None:
