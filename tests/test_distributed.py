@@ -79,8 +79,20 @@ def test_tensor_generate_prints_rank_0s_output_equal_to_one_process(qwen, cli):
     assert doc["stats"]["cycles"] < n and doc["stats"]["accepted"] > 0  # it speculated
     d = doc["distributed"]
     assert (d["mode"], d["size"], d["backend"]) == ("tensor", 2, "ring")
-    assert d["messages"] == d["cycles"] + 2  # one message per cycle (+ the start and the last verdict)
+    assert d["messages"] == d["cycles"] + 3  # one message per cycle (+ the draft's kind, the start, the last verdict)
     assert r.stderr == b""  # -q: nothing from either rank
+
+
+def test_a_sharded_targets_draft_model_is_resolved_on_rank_0_alone(qwen, cli, tmp_path):
+    """Rank 0 reads what --draft-model is and tells the others: here rank 1 has no such folder at all."""
+    (tmp_path / "r0").mkdir(), (tmp_path / "r1").mkdir()
+    (tmp_path / "r0" / "d").symlink_to(qwen["draft"])
+    run = (f'cd {tmp_path}/r$MLX_RANK && exec "{sys.executable}" -m mtpcli generate -m {qwen["target"]} -p "the sea is " '
+           "--temp 0 --max-tokens 20 --draft model --draft-model ./d --distributed tensor --format json -q")
+    r = launch(cli, "sh", "-c", run)
+    assert r.returncode == 0, r.stderr.decode()
+    doc = json.loads(r.stdout)
+    assert doc["tokens"] == reference(qwen["target"], "the sea is ", 20) and doc["stats"]["accepted"] > 0
 
 
 @pytest.mark.parametrize("run", ["greedy-tensor-model", "greedy-tensor-none", "greedy-pipeline-model"])

@@ -238,7 +238,7 @@ def test_taps_leave_the_targets_logits_as_they_are_and_follow_the_lm_that_runs(t
     assert a.hidden.shape == (1, 1, 3 * 32) and b.hidden.shape == (1, 2, 3 * 32)
 
 
-def test_the_speculators_export_loads_with_its_nested_layer_config(heads, tmp_path):
+def test_the_speculators_export_loads_with_its_nested_layer_config(heads, tmp_path, cli):
     target, _ = load(heads)
     path = make_eagle3_head(tmp_path / "spec", heads["full"][0], prefix="layers.0.")
     cfg = json.loads((path / "config.json").read_text())
@@ -247,6 +247,7 @@ def test_the_speculators_export_loads_with_its_nested_layer_config(heads, tmp_pa
     cfg.update(transformer_layer_config={**layer, "model_type": "llama"}, eagle_aux_hidden_state_layer_ids=[1, 2, 3])
     (path / "config.json").write_text(json.dumps(cfg))
     assert models.load_draft(str(path), target).model.io.taps == (0, 1, 2)  # (its ids: the layers whose input it reads)
+    assert "hidden: 32  target layers read: [0, 1, 2]" in cli("models", "inspect", path).stdout.decode()
 
 
 def test_settle_with_a_head_names_it_and_refuses_sharded_targets():

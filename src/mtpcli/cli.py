@@ -318,6 +318,7 @@ def models_inspect(path: str):
     folder = models.resolve(path)
     cfg = models.read_config(folder)
     if head := eagle.kind(folder):
+        cfg = eagle.flat(cfg)
         taps = ((cfg.get("eagle_config") or cfg.get("dflash_config") or {}).get("eagle_aux_hidden_state_layer_ids")
                 or (cfg.get("dflash_config") or {}).get("target_layer_ids") or "the defaults")
         print(f"kind: {models.HEADS[head]} (a draft for a target; --draft {head} --draft-model {path})")

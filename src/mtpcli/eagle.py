@@ -103,17 +103,24 @@ def _weights(folder: Path) -> dict[str, mx.array]:
     return {k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k: v for k, v in raw.items()}
 
 
+def flat(config: dict) -> dict:
+    """A head's config.json in one level: the Speculators export nests the layer's fields, and its ids are those of
+    the layers whose INPUT is read. (Its norm_before_residual, always written, defaults to False as there.)"""
+    if not isinstance(config.get("transformer_layer_config"), dict):
+        return config
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    config = {**config, **config["transformer_layer_config"]}
+    if ids:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids]}
+    return config
+
+
 def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     """Build the EAGLE-3 head in `folder` over `target_model`, refused (one line) when it was made for another
     target: the width or number of the states it reads, the vocabulary it maps to, the layers it taps."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = flat(json.loads((folder / "config.json").read_text()))
     where = f"draft head {folder}"
-    if isinstance(config.get("transformer_layer_config"), dict):  # the Speculators export: the layer's fields nested,
-        ids = config.get("eagle_aux_hidden_state_layer_ids")       # its ids those of the layers whose INPUT is read
-        config = {**config, **config["transformer_layer_config"]}
-        if ids:
-            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids]}
     w = _weights(folder)
     for name in ("fc.weight", "lm_head.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"):
         if name not in w:

@@ -118,9 +118,14 @@ def decode(group, engine, requests: list[Request], writer: Writer, store) -> int
     return 0
 
 
-def draft_head(cfg: config.Config) -> str | None:
-    """The kind of trained head --draft-model is, if it is one (from its config.json, on every rank)."""
-    return eagle.kind(models.resolve(cfg.draft_model)) if cfg.draft_model and cfg.draft in config.DRAFTED else None
+def draft_head(cfg: config.Config, group) -> str | None:
+    """The kind of trained head --draft-model is, if it is one (from its config.json): under a sharded target, where
+    the draft lives on rank 0, rank 0 reads it and tells the others, so that every rank settles alike."""
+    if not (cfg.draft_model and cfg.draft in config.DRAFTED):
+        return None
+    kind = eagle.kind(models.resolve(cfg.draft_model)) if group.root or not group.sharded else None
+    kinds = [None, *models.HEADS]
+    return kinds[group.bcast([kinds.index(kind)], 1, "the draft's kind")[0]] if group.sharded else kind
 
 
 def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
@@ -132,17 +137,18 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     with working(f"loading target model {cfg.model} ...", opts.quiet):  # (a terminal's only sign of life meanwhile)
         target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
             models.load(cfg.model, "target model")
-    draft = None  # a sharded target's draft model: on rank 0
-    if cfg.draft_model and cfg.draft in config.DRAFTED and (group.root or not group.sharded):
-        with working(f"loading draft model {cfg.draft_model} ...", opts.quiet):
-            draft = models.load_draft(cfg.draft_model, target)
+    head = draft_head(cfg, group)
     completions, requests, capped = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
     size = batch_size(target.config, requests, opts.batch_size)
     cfg = config.settle(cfg, models.has_mtp(target), several_rows=size > 1 and not models.one_row(target),
-                        sharded=group.sharded, head=draft_head(cfg))
+                        sharded=group.sharded, head=head)
+    draft = None  # a sharded target's draft model: on rank 0 (after settle: a head over one is refused, not built)
+    if cfg.draft_model and cfg.draft in config.DRAFTED and (group.root or not group.sharded):
+        with working(f"loading draft model {cfg.draft_model} ...", opts.quiet):
+            draft = models.load_draft(cfg.draft_model, target)
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
