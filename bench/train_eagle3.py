@@ -85,18 +85,21 @@ def chat_prompts(tokenizer, texts: list[str], n: int, seed: int) -> list[list[in
     return out
 
 
-def distill(model, tokenizer, prompts: list[list[int]], max_tokens: int, n: int, batch: int = 256) -> np.ndarray:
-    """The target's own answers (T = 0.7) to `prompts`, each after its prompt, packed into rows of n tokens."""
+def distill(model, tokenizer, prompts: list[list[int]], max_tokens: int, n: int, batch: int = 512,
+            temps: tuple[float, ...] = (0.0, 0.7)) -> np.ndarray:
+    """The target's own answers to `prompts` (the batches take the temperatures `temps` in turn), each after its
+    prompt and closed by EOS only where the answer ended, packed into rows of n tokens."""
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
     ids, t0 = [], time.time()
-    for i in range(0, len(prompts), batch):
+    for j, i in enumerate(range(0, len(prompts), batch)):
         part = prompts[i : i + batch]
         r = batch_generate(model, tokenizer, part, max_tokens=max_tokens, return_token_ids=True,
-                           sampler=make_sampler(temp=0.7))
+                           sampler=make_sampler(temp=temps[j % len(temps)]), completion_batch_size=batch,
+                           prefill_batch_size=min(batch, 64))
         for p, answer in zip(part, r.token_ids):
-            ids += p + list(answer) + [tokenizer.eos_token_id or 0]
+            ids += p + list(answer) + ([tokenizer.eos_token_id or 0] if len(answer) < max_tokens else [])
         print(f"distilled {i + len(part)} answers, {len(ids)} tokens, {time.time() - t0:.0f}s", file=sys.stderr,
               flush=True)
     m = len(ids) // n
@@ -166,10 +169,21 @@ def main() -> None:
     ap.add_argument("--save-prompts", help="only write chat prompts made of --text (token ids, JSON) to this file")
     ap.add_argument("--prompts", help="chat prompts (as --save-prompts wrote) for the target to answer first")
     ap.add_argument("--answer-tokens", type=int, default=256, help="tokens of each answer (with --prompts)")
+    ap.add_argument("--n-prompts", type=int, default=4096, help="prompts written by --save-prompts")
+    ap.add_argument("--text-share", type=float, default=0.25,
+                    help="with --prompts: the share of training rows taken from the raw text (the rest: answers)")
+    ap.add_argument("--init", default="target", choices=["target", "random"],
+                    help="the head's LM head and norm: the target's own rows, or random")
+    ap.add_argument("--save-answers", help="also keep the distilled rows (.npy) here, for --tokens later")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights saved as")
     a = ap.parse_args()
     random.seed(a.seed)
     mx.random.seed(a.seed)
+    if a.save_prompts:
+        tok = models.load(a.model, "target model").tokenizer
+        Path(a.save_prompts).write_text(json.dumps(chat_prompts(tok, corpus(a.text, a.text_mb, a.seed),
+                                                                 a.n_prompts, a.seed)))
+        return
     target = models.load(a.model, "target model")
     model, tc = target.model, target.config
     V = models.output_size(target)
@@ -178,13 +192,12 @@ def main() -> None:
         data = data.reshape(-1)[: data.size // a.seq * a.seq].reshape(-1, a.seq)
     else:
         data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
-    if a.save_prompts:
-        Path(a.save_prompts).write_text(json.dumps(chat_prompts(target.tokenizer, corpus(a.text, a.text_mb, a.seed),
-                                                                 4096, a.seed)))
-        return
-    if a.prompts:  # the target's answers first, then the text, shuffled together
+    if a.prompts:  # the target's own answers make most rows: they are what the head meets when drafting
         answers = distill(model, target.tokenizer, json.loads(Path(a.prompts).read_text()), a.answer_tokens, a.seq)
-        data = np.concatenate([answers, answers, data])  # (the answers weigh as much as the text)
+        if a.save_answers:
+            np.save(a.save_answers, answers.astype(np.uint16 if V <= 1 << 16 else np.int32))
+        keep = int(len(answers) * a.text_share / (1 - a.text_share))
+        data = np.concatenate([answers, data[np.random.default_rng(a.seed).permutation(len(data))[:keep]]])
     if a.save_tokens:
         np.save(a.save_tokens, data.astype(np.uint16 if V <= 1 << 16 else np.int32))
         return
@@ -201,10 +214,24 @@ def main() -> None:
     from mlx_lm.models import llama
     args = llama.ModelArgs.from_dict({**cfg, "hidden_size": tc["hidden_size"]})
     head = eagle.Head(args, len(taps) * tc["hidden_size"], Vd, False, False)
+    if a.init == "target":
+        init_from_target(head, model, used)
     step = train(model, head, taps, used, data, a.minutes, a.max_steps, a.batch, a.ttt, a.lr, a.seed)
     save(head, used, V, out, getattr(mx, a.dtype))
     print(json.dumps({"out": str(out), "steps": step, "minutes": a.minutes, "tokens_seen": step * a.batch * a.seq,
                       "draft_vocab": Vd}))
+
+
+def init_from_target(head: eagle.Head, model, used: np.ndarray) -> None:
+    """Start the head's LM head and final norm as the target's own (its output rows of the draft vocabulary): the
+    head then only has to learn the next hidden state, not a new output space."""
+    inner, out = split_model(model)
+    H = head.norm.weight.shape[0]
+    rows = out(mx.eye(H, dtype=head.norm.weight.dtype))[:, mx.array(used, dtype=mx.int32)].T
+    head.lm_head.weight = rows.astype(head.lm_head.weight.dtype)
+    if getattr(inner, "norm", None) is not None:
+        head.norm.weight = inner.norm.weight.astype(head.norm.weight.dtype)
+    mx.eval(head.parameters())
 
 
 def train(model, head: eagle.Head, taps, used: np.ndarray, data: np.ndarray, minutes: float, max_steps: int,
