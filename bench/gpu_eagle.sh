@@ -3,35 +3,42 @@
 # Staging (../shared/gpu.md): earlier calls on the same warm machine copied .gpu1/part.aa and .gpum1, .gpum3, .gpum2
 # (smol4.part.*; smol_tokens.npy and smol_prompts.json: `bench/train_eagle3.py --save-tokens` and
 # `--save-prompts` of the training text) to /root/stash/. Then, one call each, in quick succession:
-#   PHASE=data  bash bench/gpu_eagle.sh   (carries .gpu2: installs; the target answers the prompts; init A/B)
+#   PHASE=data  bash bench/gpu_eagle.sh   (carries .gpu2: installs; the target answers the prompts)
 #   PHASE=train MINUTES=8 bash bench/gpu_eagle.sh   (trains the head; the head in parts in $OUT)
 #   PHASE=bench bash bench/gpu_eagle.sh   (the interleaved benchmark)
+# or, answers.npy from an earlier data phase staged too: PHASE=all MINUTES=4 (carries .gpu2: install, train, bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_eagle_${PHASE}.log") 2>&1
 export PYTHONUNBUFFERED=1 MTPCLI_NO_LOG=1 PYTHONPATH=/root/stash/site:$PWD/src
 S=/root/stash M=/root/stash/m/smol4
 train() { python3 bench/train_eagle3.py --model $M --seq 512 --batch ${BATCH:-64} --lr 1e-3 --dtype bfloat16 "$@"; }
-case $PHASE in
-data)
+install() {  # (carries .gpu2)
     wheel=/tmp/$(cat .gpu2/NAME)
     cat $S/part.aa .gpu2/part.ab > "$wheel" || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile --target $S/site "$wheel" .gpu2/mlx-*.whl \
         .gpu2/mlx_lm-*.whl .gpu2/tomli_w-*.whl || exit 1
     mkdir -p $S/m && cat $S/smol4.part.* | tar xzf - -C $S/m || exit 1
     nvidia-smi --query-gpu=name,driver_version --format=csv
-    train --tokens $S/smol_tokens.npy --prompts $S/smol_prompts.json --answer-tokens ${ANSWER:-256} \
-        --text-share 0.25 --save-tokens $S/mix.npy --out /tmp/unused || exit 1
-    cp $S/mix.npy "$OUT/"
-    for init in random target; do  # does starting from the target's LM head pay? (same data, same time)
-        train --tokens $S/mix.npy --minutes ${AB_MINUTES:-0.7} --init $init --out /tmp/ab-$init 2>&1 | tail -4
-    done ;;
+}
+case $PHASE in
+all)  # a fresh machine with answers.npy staged beside the rest: install, train, bench in one call
+    install
+    PHASE=train bash "$0" && PHASE=bench bash "$0" ;;
+data)
+    install
+    # the target answers the prompts (kept after every batch: a call cut short keeps what it made)
+    timeout ${DISTILL_LIMIT:-420} python3 bench/train_eagle3.py --model $M --seq 512 --tokens $S/smol_tokens.npy \
+        --prompts $S/smol_prompts.json --n-prompts ${PROMPTS:-4096} --answer-tokens ${ANSWER:-256} \
+        --save-answers $S/answers.npy --out /tmp/unused
+    cp $S/answers.npy "$OUT/" ;;
 train)
-    train --tokens $S/mix.npy --minutes "${MINUTES:-8}" --init ${INIT:-target} --out $S/head || exit 1
+    train --tokens $S/smol_tokens.npy --answers $S/answers.npy --text-share 0.25 --minutes "${MINUTES:-8}" \
+        --init ${INIT:-random} --out $S/head || exit 1
     tar czf /tmp/head.tgz -C $S head && split -b 15000000 /tmp/head.tgz "$OUT/head.tgz.part." ;;
 bench)
     XDG_DATA_HOME=$(mktemp -d) MTPCLI_PROFILE_DIR=bench/eagle_profiles timeout ${BENCH_LIMIT:-500} \
         python3 -m mtpcli bench -m $M --draft-model $S/head \
-        --profiles ${ARMS:-plain,ngram-4,eagle3-2,eagle3-4,eagle3-ema,eagle3-tree,auto} --seeds 1 --max-tokens 128 \
-        --prompts bench/auto_eval/novel-code,bench/auto_eval/prose,bench/auto_heldout --out "$OUT/gpu_eagle_bench.json" ;;
+        --profiles ${ARMS:-plain,ngram-4,eagle3-2,eagle3-4,eagle3-ema,eagle3-tree,auto} --seeds 1 --max-tokens ${TOKENS:-128} \
+        --prompts ${PROMPTS_BENCH:-bench/auto_eval/novel-code,bench/auto_eval/prose,bench/auto_heldout} --out "$OUT/gpu_eagle_bench.json" ;;
 esac

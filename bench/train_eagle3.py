@@ -86,9 +86,10 @@ def chat_prompts(tokenizer, texts: list[str], n: int, seed: int) -> list[list[in
 
 
 def distill(model, tokenizer, prompts: list[list[int]], max_tokens: int, n: int, batch: int = 512,
-            temps: tuple[float, ...] = (0.0, 0.7)) -> np.ndarray:
+            temps: tuple[float, ...] = (0.0, 0.7), keep: str | None = None) -> np.ndarray:
     """The target's own answers to `prompts` (the batches take the temperatures `temps` in turn), each after its
-    prompt and closed by EOS only where the answer ended, packed into rows of n tokens."""
+    prompt and closed by EOS only where the answer ended, packed into rows of n tokens (and saved to `keep` after
+    every batch, so that a run cut short keeps what it made)."""
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
@@ -102,8 +103,14 @@ def distill(model, tokenizer, prompts: list[list[int]], max_tokens: int, n: int,
             ids += p + list(answer) + ([tokenizer.eos_token_id or 0] if len(answer) < max_tokens else [])
         print(f"distilled {i + len(part)} answers, {len(ids)} tokens, {time.time() - t0:.0f}s", file=sys.stderr,
               flush=True)
+        if keep:
+            np.save(keep, packed(ids, n))
+    return packed(ids, n)
+
+
+def packed(ids: list[int], n: int) -> np.ndarray:
     m = len(ids) // n
-    return np.array(ids[: m * n], np.int32).reshape(m, n)
+    return np.array(ids[: m * n], np.uint16 if max(ids, default=0) < 1 << 16 else np.int32).reshape(m, n)
 
 
 def head_config(target_cfg: dict, taps, draft_vocab: int, vocab: int, intermediate: int | None) -> dict:
@@ -169,12 +176,13 @@ def main() -> None:
     ap.add_argument("--save-prompts", help="only write chat prompts made of --text (token ids, JSON) to this file")
     ap.add_argument("--prompts", help="chat prompts (as --save-prompts wrote) for the target to answer first")
     ap.add_argument("--answer-tokens", type=int, default=256, help="tokens of each answer (with --prompts)")
-    ap.add_argument("--n-prompts", type=int, default=4096, help="prompts written by --save-prompts")
+    ap.add_argument("--n-prompts", type=int, default=4096, help="prompts written by --save-prompts, or answered")
     ap.add_argument("--text-share", type=float, default=0.25,
                     help="with --prompts: the share of training rows taken from the raw text (the rest: answers)")
-    ap.add_argument("--init", default="target", choices=["target", "random"],
-                    help="the head's LM head and norm: the target's own rows, or random")
-    ap.add_argument("--save-answers", help="also keep the distilled rows (.npy) here, for --tokens later")
+    ap.add_argument("--init", default="random", choices=["random", "target"],
+                    help="the head's LM head and norm: random, or the target's own rows (unproven: docs/perf/eagle3.md)")
+    ap.add_argument("--save-answers", help="only distill --prompts, keeping the rows (.npy) here after every batch")
+    ap.add_argument("--answers", help="distilled rows (as --save-answers wrote) to mix with --tokens by --text-share")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights saved as")
     a = ap.parse_args()
     random.seed(a.seed)
@@ -192,10 +200,14 @@ def main() -> None:
         data = data.reshape(-1)[: data.size // a.seq * a.seq].reshape(-1, a.seq)
     else:
         data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
-    if a.prompts:  # the target's own answers make most rows: they are what the head meets when drafting
-        answers = distill(model, target.tokenizer, json.loads(Path(a.prompts).read_text()), a.answer_tokens, a.seq)
-        if a.save_answers:
-            np.save(a.save_answers, answers.astype(np.uint16 if V <= 1 << 16 else np.int32))
+    if a.prompts or a.answers:  # the target's own answers make most rows: what the head meets when drafting
+        if a.answers:
+            answers = np.load(a.answers).astype(np.int32)
+        else:
+            prompts = json.loads(Path(a.prompts).read_text())[: a.n_prompts]
+            answers = distill(model, target.tokenizer, prompts, a.answer_tokens, a.seq, keep=a.save_answers)
+            if a.save_answers:
+                return
         keep = int(len(answers) * a.text_share / (1 - a.text_share))
         data = np.concatenate([answers, data[np.random.default_rng(a.seed).permutation(len(data))[:keep]]])
     if a.save_tokens:

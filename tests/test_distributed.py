@@ -79,7 +79,7 @@ def test_tensor_generate_prints_rank_0s_output_equal_to_one_process(qwen, cli):
     assert doc["stats"]["cycles"] < n and doc["stats"]["accepted"] > 0  # it speculated
     d = doc["distributed"]
     assert (d["mode"], d["size"], d["backend"]) == ("tensor", 2, "ring")
-    assert d["messages"] == d["cycles"] + 3  # one message per cycle (+ the draft's kind, the start, the last verdict)
+    assert d["messages"] == d["cycles"] + 3  # a cycle each, + start, last verdict, draft's kind
     assert r.stderr == b""  # -q: nothing from either rank
 
 
@@ -93,6 +93,15 @@ def test_a_sharded_targets_draft_model_is_resolved_on_rank_0_alone(qwen, cli, tm
     assert r.returncode == 0, r.stderr.decode()
     doc = json.loads(r.stdout)
     assert doc["tokens"] == reference(qwen["target"], "the sea is ", 20) and doc["stats"]["accepted"] > 0
+
+
+def test_a_draft_model_rank_0_cannot_read_ends_every_rank_at_once(qwen, cli, tmp_path):
+    """Rank 0 tells its failure to the others, who would otherwise wait out the watchdog (here 600 s)."""
+    r = launch(cli, "generate", "-m", qwen["target"], "-p", "the sea is ", "--draft", "model", "--draft-model",
+               tmp_path / "missing", "--distributed", "tensor", "--distributed-timeout", "600", timeout=90)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and r.stdout == b""
+    assert "missing" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("run", ["greedy-tensor-model", "greedy-tensor-none", "greedy-pipeline-model"])

@@ -123,9 +123,20 @@ def draft_head(cfg: config.Config, group) -> str | None:
     the draft lives on rank 0, rank 0 reads it and tells the others, so that every rank settles alike."""
     if not (cfg.draft_model and cfg.draft in config.DRAFTED):
         return None
-    kind = eagle.kind(models.resolve(cfg.draft_model)) if group.root or not group.sharded else None
-    kinds = [None, *models.HEADS]
-    return kinds[group.bcast([kinds.index(kind)], 1, "the draft's kind")[0]] if group.sharded else kind
+    if not group.sharded:
+        return eagle.kind(models.resolve(cfg.draft_model))
+    kinds, failed = [None, *models.HEADS], None
+    try:  # (a failure is told too, so that the other ranks stop at once rather than wait out the watchdog)
+        code = kinds.index(eagle.kind(models.resolve(cfg.draft_model))) if group.root else 0
+    except MtpError as e:
+        code, failed = len(kinds), e
+    code = group.bcast([code], 1, "the draft's kind")[0]
+    group.watchdog.disarm()  # (no deadline while rank 0 loads the draft)
+    if failed is not None:
+        raise failed
+    if code == len(kinds):
+        raise models.ModelError(f"--draft-model '{cfg.draft_model}': rank 0 could not read it (its error is rank 0's)")
+    return kinds[code]
 
 
 def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
