@@ -96,7 +96,7 @@ def test_a_sharded_targets_draft_model_is_resolved_on_rank_0_alone(qwen, cli, tm
 
 
 def test_a_draft_model_rank_0_cannot_read_ends_every_rank_at_once(qwen, cli, tmp_path):
-    """Rank 0 tells its failure to the others, who would otherwise wait out the watchdog (here 600 s)."""
+    """Rank 0 cannot read it: every rank ends at once (not after the 600 s watchdog), naming the draft."""
     r = launch(cli, "generate", "-m", qwen["target"], "-p", "the sea is ", "--draft", "model", "--draft-model",
                tmp_path / "missing", "--distributed", "tensor", "--distributed-timeout", "600", timeout=90)
     err = r.stderr.decode()

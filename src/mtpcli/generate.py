@@ -126,7 +126,7 @@ def draft_head(cfg: config.Config, group) -> str | None:
     if not group.sharded:
         return eagle.kind(models.resolve(cfg.draft_model))
     kinds, failed = [None, *models.HEADS], None
-    try:  # (a failure is told too, so that the other ranks stop at once rather than wait out the watchdog)
+    try:  # (a failure is told too: the others end with its name, not a lost-connection error)
         code = kinds.index(eagle.kind(models.resolve(cfg.draft_model))) if group.root else 0
     except MtpError as e:
         code, failed = len(kinds), e
