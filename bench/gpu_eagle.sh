@@ -39,6 +39,6 @@ train)
 bench)
     XDG_DATA_HOME=$(mktemp -d) MTPCLI_PROFILE_DIR=bench/eagle_profiles timeout ${BENCH_LIMIT:-500} \
         python3 -m mtpcli bench -m $M --draft-model $S/head \
-        --profiles ${ARMS:-plain,ngram-4,eagle3-2,eagle3-4,eagle3-ema,eagle3-tree,auto} --seeds 1 --max-tokens ${TOKENS:-128} \
+        --profiles ${ARMS:-plain,ngram-4,eagle3-2,eagle3-4,eagle3-tree,auto} --seeds 1 --max-tokens ${TOKENS:-128} \
         --prompts ${PROMPTS_BENCH:-bench/auto_eval/novel-code,bench/auto_eval/prose,bench/auto_heldout} --out "$OUT/gpu_eagle_bench.json" ;;
 esac
