@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # An EAGLE-3 head for SmolLM2-135M (4-bit), trained and measured on the lent NVIDIA H200 (docs/perf/eagle3.md).
 # Staging (../shared/gpu.md): earlier calls on the same warm machine copied .gpu1/part.aa and .gpum1, .gpum3, .gpum2
-# (smol4.part.*; smol_tokens.npy and smol_prompts.json: `bench/train_eagle3.py --save-tokens` and
-# `--save-prompts` of the training text) to /root/stash/. Then, one call each, in quick succession:
-#   PHASE=data  bash bench/gpu_eagle.sh   (carries .gpu2: installs; the target answers the prompts)
-#   PHASE=train MINUTES=8 bash bench/gpu_eagle.sh   (trains the head; the head in parts in $OUT)
+# (smol4.part.*; smol_tokens.npy: `bench/train_eagle3.py --save-tokens` of the training text; an earlier head to
+# resume from, optionally) to /root/stash/. Then, one call each, in quick succession:
+#   PHASE=data  bash bench/gpu_eagle.sh   (carries .gpu2: installs; the target answers prompts made of the text)
+#   PHASE=train MINUTES=8 [RESUME=/root/stash/head3] bash bench/gpu_eagle.sh   (the head in parts in $OUT)
 #   PHASE=bench bash bench/gpu_eagle.sh   (the interleaved benchmark)
 # or, answers.npy from an earlier data phase staged too: PHASE=all MINUTES=4 (carries .gpu2: install, train, bench)
 set -uo pipefail
@@ -27,14 +27,16 @@ all)  # a fresh machine with answers.npy staged beside the rest: install, train,
     PHASE=train bash "$0" && PHASE=bench bash "$0" ;;
 data)
     install
-    # the target answers the prompts (kept after every batch: a call cut short keeps what it made)
-    timeout ${DISTILL_LIMIT:-420} python3 bench/train_eagle3.py --model $M --seq 512 --tokens $S/smol_tokens.npy \
-        --prompts $S/smol_prompts.json --n-prompts ${PROMPTS:-4096} --answer-tokens ${ANSWER:-256} \
-        --save-answers $S/answers.npy --out /tmp/unused
+    # the target answers prompts of one length made of the text, a batch at a time, for DISTILL_SECONDS (kept
+    # after every batch: a call cut short keeps what it made)
+    timeout ${DISTILL_LIMIT:-540} python3 bench/train_eagle3.py --model $M --seq 512 --tokens $S/smol_tokens.npy \
+        --fixed-prompts ${PROMPT_LEN:-256} --n-prompts ${PROMPTS:-131072} --answer-tokens ${ANSWER:-256} \
+        --distill-batch ${DBATCH:-1024} --distill-seconds ${DISTILL_SECONDS:-400} --save-answers $S/answers.npy \
+        --out /tmp/unused
     cp $S/answers.npy "$OUT/" ;;
 train)
     train --tokens $S/smol_tokens.npy --answers $S/answers.npy --text-share 0.25 --minutes "${MINUTES:-8}" \
-        --init ${INIT:-random} --out $S/head || exit 1
+        --init ${INIT:-random} ${RESUME:+--resume $RESUME} --out $S/head || exit 1
     tar czf /tmp/head.tgz -C $S head && split -b 15000000 /tmp/head.tgz "$OUT/head.tgz.part." ;;
 bench)
     XDG_DATA_HOME=$(mktemp -d) MTPCLI_PROFILE_DIR=bench/eagle_profiles timeout ${BENCH_LIMIT:-500} \

@@ -108,6 +108,64 @@ def distill(model, tokenizer, prompts: list[list[int]], max_tokens: int, n: int,
     return packed(ids, n)
 
 
+def fixed_prompts(tokenizer, data: np.ndarray, n: int, length: int, seed: int) -> np.ndarray:
+    """n chat prompts of exactly `length` tokens, each a request (ASKS) about a snippet of the training tokens cut
+    to fit: one batch of them needs no padding and no mask (as `distill_fixed` decodes them)."""
+    mark, eos = "\x00SNIP\x00", tokenizer.eos_token_id or 0
+    rng, flat = np.random.default_rng(seed), data.reshape(-1)
+    parts = {}
+    for kind, asks in ASKS.items():
+        for ask in asks:
+            pre, post = tokenizer.apply_chat_template([{"role": "user", "content": ask.format(mark)}],
+                                                      add_generation_prompt=True, tokenize=False).split(mark)
+            parts.setdefault(kind, []).append((tokenizer.encode(pre, add_special_tokens=False),
+                                               tokenizer.encode(post, add_special_tokens=False)))
+    out = np.zeros((n, length), np.int32)
+    for i in range(n):
+        for _ in range(20):  # a snippet within one document (no EOS in it)
+            start = int(rng.integers(0, len(flat) - length))
+            if eos not in flat[start : start + length]:
+                break
+        kind = "code" if any(w in tokenizer.decode(flat[start : start + 64].tolist()) for w in ("def ", "import ")) \
+            else "text"
+        pre, post = parts[kind][int(rng.integers(len(parts[kind])))]
+        out[i] = pre + flat[start : start + length - len(pre) - len(post)].tolist() + post
+    return out
+
+
+def distill_fixed(model, prompts: np.ndarray, max_tokens: int, n: int, eos: int, batch: int = 1024,
+                  temps: tuple[float, ...] = (0.0, 0.7), keep: str | None = None, seconds: float = 1e9) -> np.ndarray:
+    """`distill` for prompts of one length: the batch decodes together in plain steps of the target over one
+    cache (prefilled by its inner model, whose logits are not needed), with no mask; an answer ends at its EOS."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    inner, _ = split_model(model)
+    ids, t0 = [], time.time()
+    for j, i in enumerate(range(0, len(prompts), batch)):
+        if time.time() - t0 > seconds:
+            break
+        x, temp = mx.array(prompts[i : i + batch]), temps[j % len(temps)]
+        cache = make_prompt_cache(model)
+        for at in range(0, x.shape[1] - 1, 128):
+            inner(x[:, at : min(at + 128, x.shape[1] - 1)], cache=cache)
+            mx.eval([layer.state for layer in cache])
+        y, out = x[:, -1], []
+        for _ in range(max_tokens):
+            logits = model(y[:, None], cache=cache)[:, -1].astype(mx.float32)
+            y = mx.argmax(logits, axis=-1) if temp == 0 else mx.random.categorical(logits * (1 / temp))
+            mx.async_eval(y)
+            out.append(y)
+        answers = np.array(mx.stack(out, axis=1))
+        for p, a in zip(prompts[i : i + batch], answers):
+            a = a.tolist()
+            ids += p.tolist() + (a[: a.index(eos) + 1] if eos in a else a)
+        print(f"distilled {i + len(x)} answers, {len(ids)} tokens, {time.time() - t0:.0f}s", file=sys.stderr,
+              flush=True)
+        if keep:
+            np.save(keep, packed(ids, n))
+    return packed(ids, n)
+
+
 def packed(ids: list[int], n: int) -> np.ndarray:
     m = len(ids) // n
     return np.array(ids[: m * n], np.uint16 if max(ids, default=0) < 1 << 16 else np.int32).reshape(m, n)
@@ -181,8 +239,14 @@ def main() -> None:
                     help="with --prompts: the share of training rows taken from the raw text (the rest: answers)")
     ap.add_argument("--init", default="random", choices=["random", "target"],
                     help="the head's LM head and norm: random, or the target's own rows (unproven: docs/perf/eagle3.md)")
+    ap.add_argument("--fixed-prompts", type=int, default=0, metavar="LENGTH",
+                    help="with --save-answers: distill --n-prompts prompts of LENGTH tokens made of --tokens (in "
+                         "batches of --distill-batch, for --distill-seconds) instead of --prompts")
+    ap.add_argument("--distill-batch", type=int, default=1024)
+    ap.add_argument("--distill-seconds", type=float, default=1e9)
+    ap.add_argument("--resume", help="start from this head (its weights and its draft vocabulary)")
     ap.add_argument("--save-answers", help="only distill --prompts, keeping the rows (.npy) here after every batch")
-    ap.add_argument("--answers", help="distilled rows (as --save-answers wrote) to mix with --tokens by --text-share")
+    ap.add_argument("--answers", help="distilled rows (.npy files as --save-answers wrote, comma-separated) to mix with --tokens by --text-share")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights saved as")
     a = ap.parse_args()
     random.seed(a.seed)
@@ -200,9 +264,14 @@ def main() -> None:
         data = data.reshape(-1)[: data.size // a.seq * a.seq].reshape(-1, a.seq)
     else:
         data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
+    if a.fixed_prompts:
+        prompts = fixed_prompts(target.tokenizer, data, a.n_prompts, a.fixed_prompts, a.seed)
+        np.save(a.save_answers, distill_fixed(model, prompts, a.answer_tokens, a.seq, target.tokenizer.eos_token_id
+                                              or 0, a.distill_batch, keep=a.save_answers, seconds=a.distill_seconds))
+        return
     if a.prompts or a.answers:  # the target's own answers make most rows: what the head meets when drafting
         if a.answers:
-            answers = np.load(a.answers).astype(np.int32)
+            answers = np.concatenate([np.load(f).astype(np.int32) for f in a.answers.split(",")])
         else:
             prompts = json.loads(Path(a.prompts).read_text())[: a.n_prompts]
             answers = distill(model, target.tokenizer, prompts, a.answer_tokens, a.seq, keep=a.save_answers)
@@ -215,6 +284,9 @@ def main() -> None:
         return
     counts = np.bincount(data.ravel(), minlength=V)
     used = np.sort(np.argsort(-counts, kind="stable")[: a.draft_vocab])
+    if a.resume:  # (its vocabulary, not this text's)
+        d2t = np.array(mx.load(str(Path(a.resume) / "model.safetensors"))["d2t"])
+        used = np.arange(len(d2t)) + d2t
     Vd = len(used)
     print(f"{data.shape[0]} sequences of {a.seq} tokens; draft vocabulary {Vd} of {V} covers "
           f"{counts[used].sum() / counts.sum():.1%} of the text", file=sys.stderr)
@@ -226,7 +298,11 @@ def main() -> None:
     from mlx_lm.models import llama
     args = llama.ModelArgs.from_dict({**cfg, "hidden_size": tc["hidden_size"]})
     head = eagle.Head(args, len(taps) * tc["hidden_size"], Vd, False, False)
-    if a.init == "target":
+    if a.resume:
+        w = mx.load(str(Path(a.resume) / "model.safetensors"))
+        head.load_weights([(k.replace("midlayer.", "layers.0.", 1), v.astype(mx.float32)) for k, v in w.items()
+                           if k not in ("d2t", "t2d")])
+    elif a.init == "target":
         init_from_target(head, model, used)
     step = train(model, head, taps, used, data, a.minutes, a.max_steps, a.batch, a.ttt, a.lr, a.seed)
     save(head, used, V, out, getattr(mx, a.dtype))
