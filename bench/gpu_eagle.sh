@@ -38,7 +38,8 @@ train)
     train --tokens $S/smol_tokens.npy --answers $S/answers.npy --text-share 0.25 --minutes "${MINUTES:-8}" \
         --init ${INIT:-random} ${RESUME:+--resume $RESUME} --out $S/head || exit 1
     tar czf /tmp/head.tgz -C $S head && split -b 15000000 /tmp/head.tgz "$OUT/head.tgz.part." ;;
-bench)
+bench)  # (on a fresh machine it installs first: carry .gpu2)
+    [ -d $S/site ] || install
     XDG_DATA_HOME=$(mktemp -d) MTPCLI_PROFILE_DIR=bench/eagle_profiles timeout ${BENCH_LIMIT:-500} \
         python3 -m mtpcli bench -m $M --draft-model $S/head \
         --profiles ${ARMS:-plain,ngram-4,eagle3-2,eagle3-4,eagle3-tree,auto} --seeds 1 --max-tokens ${TOKENS:-128} \

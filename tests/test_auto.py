@@ -216,6 +216,29 @@ def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
         good.update([6], [6], source="model", requested=[6])
 
 
+def test_a_cold_run_decides_by_its_own_measurements_from_its_rebase_cycle_on():
+    """The prior calls the model cheap; this machine's cycles say it is dear: a first run follows the prior until its
+    32nd cycle, then what it measured (as the next run would), where a run that never re-bases drafts on."""
+    prior = prior_costs(["ngram", "model"], {"model": 0.25}, gpu=False)
+    true = Costs(0.1, {"ngram": 0.01, "model": 0.2}, {"model": 0.1})  # seconds: a draft token dearer than a step
+
+    def first_run(rebase):
+        p = AutoPolicy(["ngram", "model"], 4, prior, NO_MATCH, stops=[], rebase=rebase)
+        chosen = []
+        for _ in range(60):
+            s, k = p.plan([[0]])
+            chosen.append(s)
+            p.update([k], [k // 2], source=s, requested=[k], seconds=true.time(s, k))
+        return p, chosen
+
+    p, chosen = first_run(32)
+    assert "model" in chosen[4:32] and set(chosen[33:]) <= {None} | {"model"}
+    assert chosen[33:].count(None) > 20 and p.rebase == 0 and not p.warm  # (what it keeps: still a first run's)
+    assert p.costs.step == pytest.approx(0.1) and p.costs.time("model", 1) > 2 * p.costs.step  # seconds, measured
+    never, chosen = first_run(0)
+    assert chosen[33:].count("model") > 20 and never.costs is prior
+
+
 def test_cost_fit_recovers_the_costs_per_source_through_a_busy_machines_outliers():
     truth = Costs(0.2, {"ngram": 0.01, "model": 0.07}, {"model": 0.1})
     for outliers in (0.0, 0.2):
@@ -480,6 +503,21 @@ def test_auto_with_a_draft_a_quarter_of_the_target_drafts_with_both_and_is_distr
     p1, p2 = target_marginals(target, ids, sp)
     assert fits(np.bincount(first, minlength=len(p1)), p1)
     assert fits(np.bincount(second, minlength=len(p1)), p2)
+
+
+def test_a_cold_run_that_re_bases_on_its_own_timings_is_distributed_as_the_target(tiny):
+    """Decisions taken from this run's own cycle timings and acceptance (after its 8th cycle here) keep the law."""
+    sp = SamplingParams(temp=1.0)
+    target, _ = tiny
+    ids = list(target.tokenizer.encode("abcabcabcabc"))
+    eng = auto_engine(tiny, Costs(1.0, {}), sp, batch_size=250, max_tokens=3)
+    eng.policy.use(prior_costs(["ngram", "model"], {"model": 0.25}, gpu=False), warm=False)
+    eng.policy.rebase = 8
+    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    assert eng.policy.rebase == 0 and eng.policy.costs.step != 1.0  # it re-based: a table in seconds
+    p1, p2 = target_marginals(target, ids, sp)
+    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
+    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
 
 
 def test_negative_control_a_choice_that_sees_the_draft_fails(tiny):

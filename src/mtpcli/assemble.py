@@ -81,6 +81,7 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
     return eng
 
 
+REBASE = 32  # a cold run decides by its own measurements from this cycle on (AutoPolicy)
 AUTO_TREE = 16  # tree = auto: the most nodes a tree may have
 
 
@@ -121,7 +122,8 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
     ratio = {n: _params(sized[n]()) / _params(target.model) for n in names if n in sized}
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
-    return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops)
+    return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,
+                      rebase=REBASE)
 
 
 def costs_key(cfg: Config, batch_size: int) -> str:

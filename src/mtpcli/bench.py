@@ -114,8 +114,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     def one(arm, ids, seed, n):
         return (run_mlx_lm if arm.kind == "mlx-lm" else run_mtpcli)(arm.cfg, target, dmodel, ids, seed, n)
 
-    for arm in arms:  # warm-up: compile, page in the weights, fill the allocator
-        one(arm, encoded[0][1], 0, min(8, max_tokens))
+    for arm in arms:  # warm-up, as long as a run: compile every shape a run meets (auto's widths and sources, on a
+        one(arm, encoded[0][1], 0, max_tokens)  # GPU's JIT), page in the weights, fill the allocator
     # interleaved: A B C, A B C, ... so drift hits every arm alike
     total, t0 = seeds * len(encoded) * len(arms), time.perf_counter()
     for i, (seed, (pname, ids), arm) in enumerate(itertools.product(range(seeds), encoded, arms), 1):

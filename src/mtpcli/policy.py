@@ -6,12 +6,12 @@ it estimates, moved in log-odds by how the row's drafted tokens fared against th
 model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
 model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
 confidence, calibrated the same way). T(s, k) = step + fixed[s] + k * per_token[s], a `Costs` table fixed for the
-run (this machine's, kept in the run log; before one exists, a prior from the models' sizes), while `CostFit`
-measures this run's by medians and a source this run has hardly drafted is tried after 8, 16, 32, ... cycles, two
-cycles in a row (the first catches up), so that its cost is measured again; a kept table moves only part of the way
-towards one run. Every choice depends on committed tokens and the fixed table, never on this cycle's draws: the
-exact law holds, and the same seed with the same table gives the same output. What stays is what a replay ablation
-found to pay (docs/perf/auto.md).
+run (this machine's, kept in the run log; before one exists, a prior from the models' sizes, until a first run's
+32nd cycle, when it takes what the run measured), while `CostFit` measures this run's by medians and a source this
+run has hardly drafted is tried after 8, 16, 32, ... cycles, two in a row (the first catches up), so that its cost
+is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed
+tokens and on the table, never on this cycle's draws: the exact law holds, and the same seed with the same kept
+table gives the same output. What stays is what a replay ablation found to pay (docs/perf/auto.md).
 """
 
 from __future__ import annotations
@@ -69,11 +69,12 @@ class AutoPolicy(WidthPolicy):
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
-                 stops: Sequence[str] = ()):
+                 stops: Sequence[str] = (), rebase: int = 0):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then takes
-        plain steps at its 2nd to 4th cycles); `widest`: a source's widest draft under n_max; `stops`: the
-        sources whose drafts stop themselves (`floor`), asked for their widest draft."""
-        self.sources, self.n_max, self.available = list(sources), n_max, available
+        plain steps at its 2nd to 4th cycles, and from its `rebase`-th cycle on, if set, decides by what it has
+        measured, as the next run will); `widest`: a source's widest draft under n_max; `stops`: the sources
+        whose drafts stop themselves (`floor`), asked for their widest draft."""
+        self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops, self.batch, self.key = set(stops), batch, ""
         self.use(costs, warm)
@@ -155,6 +156,8 @@ class AutoPolicy(WidthPolicy):
         if not self.warm and 1 <= self.fit.cycles() <= 3 and len(self.fit.plains) < 3:
             self.last = Plan(None, 0)  # calibration (cold runs only): a plain step's time
             return self.last
+        if self.rebase and not self.warm and self.fit.cycles() >= self.rebase:
+            self._rebase()
         scores = self.scores(contexts)
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = scores[(source, k)] / len(contexts)  # the best a row expects: tokens per second
@@ -168,6 +171,19 @@ class AutoPolicy(WidthPolicy):
         self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
                          self.floor(source) if stops else None)
         return self.last
+
+    def _rebase(self) -> None:
+        """A cold run's prior gives way, once, to the table of what the run has measured so far (what it has not
+        measured: the prior's, in seconds), so that a first run decides as the runs after it will: from timings
+        and acceptance of cycles already committed, never this cycle's draws."""
+        self.rebase, got = 0, self.measured()
+        if got is None:
+            return
+        scale = got.step / self.costs.step
+        got.per_token = {s: got.per_token.get(s, self.costs.per_token.get(s, self.costs.step) * scale)
+                         for s in self.sources}
+        got.fixed = {s: got.fixed.get(s, self.costs.fixed.get(s, 0.0) * scale) for s in self.sources}
+        self.costs, self._shifts = got, {}
 
     def floor(self, source: str) -> tuple[float, float, list[float]]:
         """(keep, go_on, shifts) for a draft of `source` (drafters.autoregress): keep a drawn token while the
