@@ -120,6 +120,8 @@ def fixed_prompts(tokenizer, data: np.ndarray, n: int, length: int, seed: int) -
                                                       add_generation_prompt=True, tokenize=False).split(mark)
             parts.setdefault(kind, []).append((tokenizer.encode(pre, add_special_tokens=False),
                                                tokenizer.encode(post, add_special_tokens=False)))
+    if length <= max(len(pre) + len(post) for ps in parts.values() for pre, post in ps) + 16:
+        raise SystemExit(f"--fixed-prompts {length}: too short for the template and a snippet")
     out = np.zeros((n, length), np.int32)
     for i in range(n):
         for _ in range(20):  # a snippet within one document (no EOS in it)
@@ -133,7 +135,7 @@ def fixed_prompts(tokenizer, data: np.ndarray, n: int, length: int, seed: int) -
     return out
 
 
-def distill_fixed(model, prompts: np.ndarray, max_tokens: int, n: int, eos: int, batch: int = 1024,
+def distill_fixed(model, prompts: np.ndarray, max_tokens: int, n: int, eos: set[int], batch: int = 1024,
                   temps: tuple[float, ...] = (0.0, 0.7), keep: str | None = None, seconds: float = 1e9) -> np.ndarray:
     """`distill` for prompts of one length: the batch decodes together in plain steps of the target over one
     cache (prefilled by its inner model, whose logits are not needed), with no mask; an answer ends at its EOS."""
@@ -158,7 +160,8 @@ def distill_fixed(model, prompts: np.ndarray, max_tokens: int, n: int, eos: int,
         answers = np.array(mx.stack(out, axis=1))
         for p, a in zip(prompts[i : i + batch], answers):
             a = a.tolist()
-            ids += p.tolist() + (a[: a.index(eos) + 1] if eos in a else a)
+            end = next((i for i, t in enumerate(a) if t in eos), None)  # (the first of the model's EOS ids)
+            ids += p.tolist() + (a if end is None else a[: end + 1])
         print(f"distilled {i + len(x)} answers, {len(ids)} tokens, {time.time() - t0:.0f}s", file=sys.stderr,
               flush=True)
         if keep:
@@ -266,8 +269,9 @@ def main() -> None:
         data = sequences(target.tokenizer, corpus(a.text, a.text_mb, a.seed), a.seq)
     if a.fixed_prompts:
         prompts = fixed_prompts(target.tokenizer, data, a.n_prompts, a.fixed_prompts, a.seed)
-        np.save(a.save_answers, distill_fixed(model, prompts, a.answer_tokens, a.seq, target.tokenizer.eos_token_id
-                                              or 0, a.distill_batch, keep=a.save_answers, seconds=a.distill_seconds))
+        eos = set(target.tokenizer.eos_token_ids or [target.tokenizer.eos_token_id or 0])
+        np.save(a.save_answers, distill_fixed(model, prompts, a.answer_tokens, a.seq, eos, a.distill_batch,
+                                              keep=a.save_answers, seconds=a.distill_seconds))
         return
     if a.prompts or a.answers:  # the target's own answers make most rows: what the head meets when drafting
         if a.answers:

@@ -64,12 +64,14 @@ def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded |
     return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
 
 
-def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None) -> Engine:
-    """The engine of a settled configuration (config.settle)."""
+def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None,
+           keep: bool = False) -> Engine:
+    """The engine of a settled configuration (config.settle); `keep`: the run keeps what auto measured (a first
+    run then decides by its own measurements once it has some: REBASE; one that keeps nothing stays reproducible)."""
     store = open_history(cfg, target) if store is None else store
     if cfg.draft == "auto":
         drafter = AutoDrafter({k: source(k, cfg, target, draft, store) for k in cfg.sources})
-        policy = auto_policy(cfg, target, draft, drafter)
+        policy = auto_policy(cfg, target, draft, drafter, rebase=REBASE if keep and not runlog.disabled() else 0)
     else:
         drafter = NoDraft() if cfg.draft == "none" else source(cfg.draft, cfg, target, draft, store)
         policy = width_policy(cfg)
@@ -81,7 +83,7 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
     return eng
 
 
-REBASE = 32  # a cold run decides by its own measurements from this cycle on (AutoPolicy)
+REBASE = 32  # a first run that keeps its table decides by its own measurements from this cycle on (AutoPolicy)
 AUTO_TREE = 16  # tree = auto: the most nodes a tree may have
 
 
@@ -115,7 +117,7 @@ def _params(model) -> int:
     return sum(x.size for _, x in tree_flatten(model.parameters()))
 
 
-def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter) -> AutoPolicy:
+def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter, rebase: int = 0) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
     sized = {"model": lambda: draft.model, "eagle3": lambda: draft.model, "dflash": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
@@ -123,7 +125,7 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,
-                      rebase=REBASE)
+                      rebase=rebase)
 
 
 def costs_key(cfg: Config, batch_size: int) -> str:

@@ -163,8 +163,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
-    engine = sharded.engine(group, cfg, target, draft, size, store) if group.sharded else \
-        assemble.engine(cfg, target, draft, size, store)
+    engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
+        assemble.engine(cfg, target, draft, size, store, keep=opts.log)
     notes(cfg, engine, requests, opts, size, capped)
     writer = Writer(cfg.format, sys.stdout, target.tokenizer, completions, opts.separator, not opts.single,
                     engine.runs)

@@ -175,9 +175,9 @@ class Follower(Drafter):
         self.speculates, self.needs_hidden = speculates, needs_hidden
 
 
-def engine(group, cfg, target, draft, batch_size: int, store=None):
+def engine(group, cfg, target, draft, batch_size: int, store=None, keep: bool = False):
     """A sharded run's engine: rank 0's as in one process, the others' with a Follower and rank 0's batch and width."""
-    eng = assemble.engine(cfg, target, draft, batch_size, store) if group.root else None
+    eng = assemble.engine(cfg, target, draft, batch_size, store, keep) if group.root else None
     mine = [eng.batch_size, int(eng.drafter.speculates), int(eng.drafter.needs_hidden),
             max(cfg.n_max, cfg.num_draft_tokens)] if group.root else None
     rows, speculates, hidden, width = group.bcast(mine, 4, "starting")[:4]
