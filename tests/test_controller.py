@@ -62,12 +62,11 @@ def test_bug2_batch_shares_one_width_and_keeps_separate_estimates():
     assert c.estimates[0] > c.estimates[1]
     assert c.member_width(0) != c.member_width(1)
     assert c.width() == max(c.member_width(0), c.member_width(1))
-    assert c.history[0] == c.history[1]  # both drafted the same width every cycle
     c.reset(1)
     assert c.estimates[1] == 2.0 and c.estimates[0] > 2.0
 
 
-def test_fixed_width_records_history():
+def test_fixed_width_drafts_its_width_whatever_was_accepted():
     f = FixedWidth(4, batch=2)
     f.update([4, 4], [1, 4])
-    assert f.width() == 4 and f.history == [[4], [4]]
+    assert f.width() == 4 and f.plan() == (None, 4)

@@ -36,7 +36,7 @@ def draft_for(store, prompt, output, k=8):
     d = HistoryDrafter(store)
     d.add_rows(1)
     d.start(0, prompt)
-    return d.lookup(0, prompt + output, k)
+    return d.look(0, prompt + output, k)[0]
 
 
 # ---- matching --------------------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_ids_past_the_targets_vocabulary_end_a_draft():
     d = HistoryDrafter(store_of(*[doc([5, 6, 700, 8])] * 3), vocab=100)
     d.add_rows(1)
     d.start(0, [1])
-    assert d.lookup(0, [1, 5], 8) == [6]
+    assert d.look(0, [1, 5], 8)[0] == [6]
     assert len(d.look(0, [1, 5], 8)[1]) == 1  # one estimate per token kept
 
 

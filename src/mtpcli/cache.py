@@ -309,14 +309,11 @@ class LM:
         self.truncate(np.asarray(before) + np.array([len(p) for p in paths]) + 1)
 
     def _tidy(self) -> None:
-        """Compact once holes take more than half of the slots, or no row holds the first slot any more."""
+        """Squeeze the holes out (rows right-aligned) once they take more than half of the slots, or no row holds the
+        first slot any more."""
         lay = self.layout
-        if not lay.dense and lay.write and (lay.write > 2 * int(lay.pos.max()) + 64 or not lay.valid[:, 0].any()):
-            self.compact()
-
-    def compact(self) -> None:
-        """Squeeze the holes out (rows right-aligned)."""
-        lay = self.layout
+        if lay.dense or not lay.write or (lay.write <= 2 * int(lay.pos.max()) + 64 and lay.valid[:, 0].any()):
+            return
         width = int(lay.pos.max()) if self.rows else 0
         idx = np.zeros((self.rows, width), np.int64)
         valid = np.zeros((self.rows, width), bool)

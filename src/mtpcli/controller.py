@@ -31,7 +31,7 @@ class WidthPolicy:
     """One source, a width per cycle; per-member state in the lists named in `members` (`fresh` gives one)."""
 
     observes = False  # wants observe(confidences): the target's largest probability at each committed token
-    members: tuple[str, ...] = ("history",)
+    members: tuple[str, ...] = ()
     batch: int = 1
 
     def __post_init__(self):  # (the dataclass policies)
@@ -68,8 +68,6 @@ class WidthPolicy:
                source: str | None = None, requested: Sequence[int] | None = None, chances=None) -> None:
         """A cycle: per member the tokens it really drafted and how many the target accepted (requested: asked
         for; chances: the source's estimates)."""
-        for member, n in enumerate(drafted):
-            self.history[member].append(n)
 
     def observe(self, confidences) -> None:
         pass
@@ -106,7 +104,7 @@ class EmaController(WidthPolicy):
     probe: float = 1.0
     init: float = 2.0
     batch: int = 1
-    members = ("estimates", "history")
+    members = ("estimates",)
 
     def __post_init__(self):
         if self.n_min < 1:
@@ -118,7 +116,7 @@ class EmaController(WidthPolicy):
         self.reset()
 
     def fresh(self, name: str):
-        return min(self.init, self.n_max) if name == "estimates" else []
+        return min(self.init, self.n_max)
 
     def member_width(self, member: int) -> int:
         return min(max(math.floor(self.estimates[member] + 0.5), self.n_min), self.n_max)  # half up, not banker's
@@ -127,7 +125,6 @@ class EmaController(WidthPolicy):
         return max(self.member_width(m) for m in range(self.batch))
 
     def update(self, drafted, accepted, *args, **kwargs) -> None:
-        super().update(drafted, accepted)
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             if n > 0:  # (nothing drafted: no evidence either way)
                 e = self.estimates[member]

@@ -11,7 +11,6 @@ target's LM head, is the distribution of the token k places after the newest; th
 
 from __future__ import annotations
 
-import glob
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +21,7 @@ import numpy as np
 from mlx_lm.models import qwen3
 
 from .cache import split_model
-from .eagle import _width
+from .eagle import _width, weights
 from .errors import ModelError
 
 
@@ -88,10 +87,7 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Block:
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     where = f"DFlash drafter {folder}"
-    files = sorted(glob.glob(str(folder / "*.safetensors")))
-    if not files:
-        raise ModelError(f"{where}: no .safetensors weights")
-    w = {k.removeprefix("model."): v for f in files for k, v in mx.load(f).items()}
+    w = weights(folder, where)
     if "fc.weight" not in w or "hidden_norm.weight" not in w:
         raise ModelError(f"{where}: not a DFlash drafter (no fc / hidden_norm weights)")
     if "sliding_attention" in (config.get("layer_types") or []):

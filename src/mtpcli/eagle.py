@@ -93,13 +93,14 @@ class Head(nn.Module):
         return mx.take(padded, io.to_target, axis=-1)
 
 
-def _weights(folder: Path) -> dict[str, mx.array]:
+def weights(folder: Path, where: str) -> dict[str, mx.array]:
+    """A head's safetensors weights, by the names its model here gives them (`midlayer.` is `layers.0.`)."""
     files = sorted(glob.glob(str(folder / "*.safetensors")))
     if not files:
         bins = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))
-        raise ModelError(f"draft head {folder}: no .safetensors weights" + (f" ({bins[0].name} is a PyTorch pickle: "
+        raise ModelError(f"{where}: no .safetensors weights" + (f" ({bins[0].name} is a PyTorch pickle: "
                          "convert it to safetensors)" if bins else ""))
-    raw = {k: v for f in files for k, v in mx.load(f).items()}
+    raw = {k.removeprefix("model."): v for f in files for k, v in mx.load(f).items()}
     return {k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k: v for k, v in raw.items()}
 
 
@@ -121,7 +122,7 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     folder = Path(folder)
     config = flat(json.loads((folder / "config.json").read_text()))
     where = f"draft head {folder}"
-    w = _weights(folder)
+    w = weights(folder, where)
     for name in ("fc.weight", "lm_head.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"):
         if name not in w:
             raise ModelError(f"{where}: not an EAGLE-3 head (no '{name}' weight)")

@@ -148,9 +148,6 @@ class RowKV:
     def state(self):
         return [] if self.keys is None else [self.keys, self.values]
 
-    def is_trimmable(self) -> bool:
-        return True
-
 
 class TreeRope(nn.Module):
     """A layer's RoPE (whichever mlx-lm built) that also takes a (B, n) offset, one position per token: a tree's

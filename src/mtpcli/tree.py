@@ -50,10 +50,6 @@ class Shape:
         return out[::-1]
 
 
-def chain(k: int) -> np.ndarray:
-    return np.arange(k)
-
-
 def merge(candidates: list[list[int]], budget: int, width: int) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """A tree from candidate continuations in order of preference (the first is the chain a chain draft would be):
     each is inserted as a path, sharing the prefix it has with those before; a node gets at most `width` children and

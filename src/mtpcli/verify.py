@@ -143,14 +143,9 @@ def tree(p: mx.array, q: mx.array | None, draft: mx.array, shape: Shape, key, le
     return Verdict(n, token, node=node)
 
 
-def entropy(p: mx.array) -> mx.array:
-    """Shannon entropy in nats of each row of p."""
-    return -mx.where(p > 0, p * mx.log(mx.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
-
-
 def typical_floor(p: mx.array, threshold: float, eps: float) -> tuple[mx.array, mx.array]:
-    """min(eps, delta * exp(-H(p))) per row, and H(p)."""
-    h = entropy(p)
+    """min(eps, delta * exp(-H(p))) per row, and H(p) (in nats)."""
+    h = -mx.where(p > 0, p * mx.log(mx.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
     return mx.minimum(eps, threshold * mx.exp(-h)), h
 
 

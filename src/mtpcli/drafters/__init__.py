@@ -12,6 +12,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
+from ..cache import LM
 from ..controller import Plan
 from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
@@ -31,15 +32,6 @@ class Draft:
     @property
     def k(self) -> int:
         return self.tokens.shape[1]
-
-
-class Lookahead(list):
-    """What a deterministic source would draft for a row (`available`, before drafting): each token's estimated
-    chance to pass (the list), with the tokens themselves."""
-
-    def __init__(self, estimates: list[float], tokens: list[int]):
-        super().__init__(estimates)
-        self.tokens = list(tokens)
 
 
 def empty(caps: list[int]) -> Draft:
@@ -130,7 +122,7 @@ class Drafter:
         """A row begins a prompt (hidden: the target's prompt states; keep: the next row starts the same prompt)."""
 
     def available(self, contexts: list, k: int) -> list | None:
-        """What a deterministic source has for each row before drafting (a Lookahead or a count); None: unknown."""
+        """What a deterministic source has for each row before drafting (each token's estimated chance to pass, or a count); None: unknown."""
         return None
 
     def propose(self, contexts, caps, sp, keys, plan: Plan | None = None) -> Draft:
@@ -154,10 +146,10 @@ class Lookup(Drafter):
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.rows[row] = self.new_row(prompt)
 
-    def available(self, contexts, k: int) -> list[Lookahead]:
+    def available(self, contexts, k: int) -> list[list[float]]:
         """Each row's draft at width k as its tokens' estimates (what `auto` weighs, calibrated by how the row's
-        drafts fared: policy.AutoPolicy.shift), with its tokens; empty where there is none."""
-        return [Lookahead(*self.look(b, c, k)[::-1]) for b, c in enumerate(contexts)]
+        drafts fared: policy.AutoPolicy.shift); empty where there is none."""
+        return [self.look(b, c, k)[1] for b, c in enumerate(contexts)]
 
     trees = True
 
@@ -194,6 +186,63 @@ class Lookup(Drafter):
         tokens = mx.array([t + [0] * (n - len(t)) for t, _, _ in rows], dtype=mx.int32)
         parents = np.array([p + [-1] * (n - len(p)) for _, p, _ in rows])
         return Draft(tokens, None, [len(t) for t, _, _ in rows], list(caps), [c for _, _, c in rows], Shape.of(parents))
+
+
+class HeadDrafter(Drafter):
+    """A head over the target's own hidden states (EAGLE-3, DFlash): its cache (`lm`) keeps a row per batch row, and
+    each row's new states (of the pass that committed them), each with the token after it, wait in `pending` until
+    the row's next proposal (`_padded`)."""
+
+    needs_hidden = True
+
+    def __init__(self, model, role: str, prefill_step: int = 512):
+        self.model, self.io, self.taps = model, model.io, model.io.taps
+        self.lm = LM(model, role=role, prefill_step=prefill_step)
+        self.prefill_step = prefill_step
+        self.pending: list[tuple[list[mx.array], list[int]]] = []  # per row: states and tokens not yet fed
+        self.seen: list[int] = []  # per row: the context's length when its states were last taken
+
+    def add_rows(self, n: int) -> None:
+        self.lm.add_rows(n)
+        self.pending += [([], []) for _ in range(n)]
+        self.seen += [0] * n
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.lm.keep_rows(rows)
+        self.pending, self.seen = [self.pending[r] for r in rows], [self.seen[r] for r in rows]
+
+    def start(self, row: int, prompt: list[int], hidden: mx.array | None = None, keep: bool = False) -> None:
+        """`hidden`: the target's states of prompt[:-1], each paired with the token after it."""
+        keep_n = self.lm.pos.copy()
+        keep_n[row] = 0
+        self.lm.truncate(keep_n)
+        n = 0 if hidden is None else hidden.shape[1]
+        self.pending[row] = ([hidden], list(prompt[1 : n + 1])) if n else ([], [])
+        self.seen[row] = len(prompt)
+
+    def commit(self, contexts, n_accepted, hidden: mx.array | None = None) -> None:
+        """Each row's new pairs: its committed tokens with the states of their pass."""
+        for b, c in enumerate(contexts):
+            n = len(c) - self.seen[b]
+            if n and hidden is not None:
+                hs, ts = self.pending[b]
+                self.pending[b] = (hs + [hidden[b : b + 1, :n]], ts + list(c[-n:]))
+            self.seen[b] = len(c)
+
+    def _padded(self) -> tuple[mx.array, np.ndarray, np.ndarray] | None:
+        """The pending states (B, m, H), tokens and validity (B, m), rows left-padded, taken out of `pending`."""
+        lens = [len(t) for _, t in self.pending]
+        if not (m := max(lens, default=0)):
+            return None
+        first = next(hs[0] for hs, _ in self.pending if hs)
+        states = mx.zeros((len(lens), m, first.shape[-1]), first.dtype)
+        tokens, valid = np.zeros((len(lens), m), np.int32), np.zeros((len(lens), m), bool)
+        for b, ((hs, ts), n) in enumerate(zip(self.pending, lens)):
+            if n:
+                states[b, m - n :] = mx.concatenate(hs, axis=1)[0] if len(hs) > 1 else hs[0][0]
+                tokens[b, m - n :], valid[b, m - n :] = ts, True
+        self.pending = [([], []) for _ in lens]
+        return states, tokens, valid
 
 
 class NoDraft(Drafter):

@@ -202,10 +202,6 @@ class HistoryDrafter(Lookup):
             self.tiers.append(Corpus(docs))
         return ([self.base] if self.base is not None else []) + self.tiers
 
-    def lookup(self, row: int, context: list[int], k: int) -> list[int]:
-        """Row `row`'s draft of up to k tokens (a draft of k is the first k tokens of any wider one)."""
-        return self.look(row, context, k)[0]
-
     def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
         """Row `row`'s draft of up to k tokens and each token's estimated probability given the ones before it."""
         own, version = self.rows[row], self.taken

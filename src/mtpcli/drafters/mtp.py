@@ -35,16 +35,11 @@ class MtpDrafter(Drafter):
                          self.cache)
 
     def start(self, row: int, prompt: list[int], hidden: mx.array | None = None, keep: bool = False) -> None:
-        """`hidden`: the target's states of prompt[:-1]; every pair but the last goes into the cache now."""
-        self.cache, self.pending = KVCache(), None
-        if hidden is not None and hidden.shape[1]:
-            n = hidden.shape[1]
-            for i in range(0, n - 1, self.prefill_step):
-                j = min(i + self.prefill_step, n - 1)
-                self._run(hidden[:, i:j], prompt[i + 1 : j + 1])
-                mx.eval(self.cache.state)
-            self.pending = ([hidden[:, n - 1 :]], prompt[n : n + 1])
-        self._committed = self.cache.offset
+        """`hidden`: the target's states of prompt[:-1], each paired with the token after it (fed at the first
+        proposal, in chunks)."""
+        self.cache, self._committed = KVCache(), 0
+        n = 0 if hidden is None else hidden.shape[1]
+        self.pending = ([hidden], list(prompt[1 : n + 1])) if n else None
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         if self.pending is None:
@@ -52,7 +47,7 @@ class MtpDrafter(Drafter):
         (parts, tokens), self.pending = self.pending, None
         hidden = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
         step_n = self.prefill_step
-        while hidden.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks
+        while hidden.shape[1] > step_n + 1:  # a long backlog (a prompt, cycles another source drafted): in chunks
             self._run(hidden[:, :step_n], tokens[:step_n])
             mx.eval(self.cache.state)
             hidden, tokens = hidden[:, step_n:], tokens[step_n:]
