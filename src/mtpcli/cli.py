@@ -136,22 +136,13 @@ def stats(
     (decode_tps) is committed tokens per second of decode time after the prompt, as in `mtpcli bench`."""
     if yes and not clear:
         raise UsageError("--yes confirms --clear, and there is no --clear")
-    if clear:
-        from . import runlog
-
-        views = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
-                 "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export}
-        if other := next((k for k, v in views.items() if v), None):
-            raise UsageError(f"--clear and {other} together: --clear deletes every record and shows nothing")
-        _confirm(yes, "--clear", "Delete every record in the run log?")
-        print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
-        return
     if model:  # logged as models.canonical names it: a folder by its absolute path
         from .models import canonical
 
         model = canonical(model)
     report.show(last=last, by=by, compare=compare, since=since, model=model, profile=profile, file=file, plot=plot,
-                as_json=as_json, export=export, run=run)
+                as_json=as_json, export=export, run=run,
+                clear=(lambda: _confirm(yes, "--clear", "Delete every record in the run log?")) if clear else None)
 
 
 # ---- profiles ----------------------------------------------------------------------------------

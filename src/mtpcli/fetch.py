@@ -60,12 +60,14 @@ def disk_size(folder: Path) -> int:
     return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def human_size(n: float) -> str:
-    for unit in ("B", "kB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+def human_size(n: float, binary: bool = False) -> str:
+    """Bytes in kB, MB, GB (binary: KiB, MiB, GiB)."""
+    base, units = (1024, ("B", "KiB", "MiB", "GiB")) if binary else (1000, ("B", "kB", "MB", "GB"))
+    for unit in units[:-1]:
+        if n < base:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= base
+    return f"{n:.1f} {units[-1]}"
 
 
 def remove(name: str) -> None:

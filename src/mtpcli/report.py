@@ -93,16 +93,19 @@ def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
 
 
 def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
-         as_json=False, export=None, run=None) -> None:
+         as_json=False, export=None, run=None, clear=None) -> None:
     """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout. --last N keeps the N most
     recent runs (alone: their table; with --by or --compare: the view over them); --run ID picks one run for the
-    full view and --plot; any combination no view can honour is refused, naming the flags."""
+    full view and --plot; --clear (`clear`: the confirmation to ask first) deletes every record, with no view; any
+    combination no view can honour is refused, naming the flags."""
     from . import runlog
 
-    given = {"--last": last, "--by": by, "--compare": compare, "--since": since, "--model": model, "--profile": profile,
-             "--file": file, "--plot": plot, "--json": as_json, "--export": export, "--run": run}
+    views = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
+             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export}
+    given = {**views, "--clear": clear}
     one_run = "--plot draws one run: the last (alone) or the one --run ID names; `stats --last N` lists the ids"
     for a, b, why in [  # the first combination no view can honour
+        *[("--clear", f, "--clear deletes every record and shows nothing") for f in views],
         *[("--file", f, "--file renders one statistics file, not the run log") for f in (
             "--last", "--by", "--compare", "--since", "--model", "--profile", "--export", "--run")],
         *[("--export", f, "--export writes the records themselves, not a view of them") for f in ("--by", "--compare")],
@@ -114,6 +117,10 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         *[("--plot", f, one_run) for f in ("--last", "--by", "--compare")]]:
         if given.get(a) and given.get(b):
             raise UsageError(f"{a} and {b} together: {why}")
+    if clear:
+        clear()
+        print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
+        return
     if plot:
         check_writable("--plot", plot)
     if file:
@@ -125,7 +132,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             kind = "null" if doc is None else type(doc).__name__
             raise UsageError(f"--file {file}: not a run's statistics (a JSON {kind})")
         return _show_run(doc, as_json, plot, run_title(None, doc, file), f"--file {file}")
-    records = runlog.query(since=parse_since(since) if since else None, model=model, profile=profile)
+    records = runlog.query(last=last, since=parse_since(since) if since else None, model=model, profile=profile)
     if not records:
         raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
     if run is not None:
@@ -133,8 +140,6 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         if not records:
             filters = " (with --since, --model, --profile)" if since or model or profile else ""
             raise UsageError(f"--run {run}: no such run in the run log{filters}; `mtpcli stats --last 10` lists ids")
-    if last:
-        records = records[-last:]
     if export:
         if export != "jsonl":
             raise UsageError(f"--export {export!r}: the only format is jsonl")
@@ -195,14 +200,6 @@ def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str, name:
 
 # ---- `mtpcli history stats` and `mtpcli history export` ---------------------------------------------------------
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def human_count(n: float) -> str:
     return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e4 else f"{int(n)}"
 
@@ -228,6 +225,7 @@ def history_use(records: list[dict]) -> dict[str, Any]:
 
 def history_stats(as_json: bool = False) -> None:
     from . import history, runlog
+    from .fetch import human_size
 
     info = history.summary()
     try:
@@ -240,10 +238,11 @@ def history_stats(as_json: bool = False) -> None:
     if not info["tokenizers"]:
         print(f"history store: empty ({info['path']})", file=sys.stderr)
     else:
-        rows = [[t["tokenizer"], ", ".join(t["models"]), t["docs"], human_count(t["tokens"]), human_bytes(t["bytes"]),
-                 t["with_prompts"], ago(t["oldest"]), ago(t["newest"])] for t in info["tokenizers"]]
+        rows = [[t["tokenizer"], ", ".join(t["models"]), t["docs"], human_count(t["tokens"]),
+                 human_size(t["bytes"], binary=True), t["with_prompts"], ago(t["oldest"]), ago(t["newest"])]
+                for t in info["tokenizers"]]
         table(["tokenizer", "models", "outputs", "tokens", "size", "with prompts", "oldest", "newest"], rows,
-              title=f"history store {info['path']} ({human_bytes(info['file_bytes'])} on disk)")
+              title=f"history store {info['path']} ({human_size(info['file_bytes'], binary=True)} on disk)")
     u = info["use"]
     if u and u["runs"]:
         print(f"history drafts in {u['runs']} logged runs: {human_count(u['drafted'])} tokens drafted in "
