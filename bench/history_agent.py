@@ -12,6 +12,8 @@ Arms (one process, models loaded once; every run is a fresh engine, as one `mtpc
   plain    --draft none
   history-tree, history-tree-auto, ngram-tree: history or n-gram with draft trees (--spec-tree 16 / auto); in
            pass 2 the history's tree arms run before `history` on the same prompt, their answers not stored
+  history-8, history-16, ngram-4: fixed chains (no auto) of the history (its answers not stored, as the trees') or
+           of n-gram lookup, at that width: the fixed arms `auto` is held against
 Pass 1 runs `history` on every template prompt (templates interleaved: tool call, module, letter, tool call, ...).
 Pass 2 runs `history` on every template prompt again, and on every 4th prompt of each template also `ngram`,
 `model` and `plain`, interleaved (history, ngram, model, plain on one prompt, then the next). The control set then
@@ -71,7 +73,10 @@ def main() -> None:
     arms = {"history": {"history": True, "draft_model": None}, "ngram": {"draft_model": None}, "model": {},
             "plain": {"draft": "none"}, "history-tree": {"history": True, "draft_model": None, "tree": "16"},
             "history-tree-auto": {"history": True, "draft_model": None, "tree": "auto"},
-            "ngram-tree": {"draft_model": None, "tree": "16"}}
+            "ngram-tree": {"draft_model": None, "tree": "16"},
+            "history-8": {"history": True, "draft_model": None, "draft": "history", "num_draft_tokens": 8},
+            "history-16": {"history": True, "draft_model": None, "draft": "history", "num_draft_tokens": 16},
+            "ngram-4": {"draft_model": None, "draft": "ngram", "num_draft_tokens": 4}}
     results = {"config": {"target": args.target, "draft": args.draft, "max_tokens": args.max_tokens,
                           "every": args.every, "argv": sys.argv}, "runs": []}
     others = [a for a in args.arms.split(",") if a]
@@ -129,7 +134,7 @@ def main() -> None:
 
     tune = encode_prompt(target.tokenizer, "Write a Python function that merges two sorted lists.", None, None)
     for arm in arms:  # warm-up: compile, page the weights in (history off: nothing stored)
-        one(settings({**arms[arm], "history": False}, 6), tune)
+        one(settings({**arms[arm], "history": arms[arm].get("draft") == "history"}, 6), tune, keep=False)
     for arm in ("history", "ngram", "model") if "pass1" in phases else ():  # calibration: this machine's cycle
         one(settings({**arms[arm], "history": False}, 32), tune)  # costs, as a user's first run stores them
 
