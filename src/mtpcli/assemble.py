@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from . import history, models, runlog
 from .config import Config
-from .controller import EmaController, FixedWidth, WidthPolicy
+from .controller import EmaController, FixedWidth
 from .drafters import Drafter, NoDraft
 from .drafters.auto import AutoDrafter
 from .drafters.dflash import DFlashDrafter
@@ -31,15 +31,6 @@ from .sampling import SamplingParams
 def decode_config(cfg: Config) -> DecodeConfig:
     return DecodeConfig(SamplingParams(cfg.temp, cfg.top_p, cfg.top_k, cfg.min_p), cfg.max_tokens, cfg.seed,
                         cfg.typical_threshold, cfg.typical_eps, cfg.prefill_step)
-
-
-def width_policy(cfg: Config) -> WidthPolicy:
-    """One source's width: fixed, or adaptive (the censoring-aware EMA)."""
-    if cfg.draft == "none":
-        return FixedWidth(0)
-    if cfg.adaptive:
-        return EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init)
-    return FixedWidth(cfg.num_draft_tokens)
 
 
 def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False):
@@ -72,9 +63,12 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
     if cfg.draft == "auto":
         drafter = AutoDrafter({k: source(k, cfg, target, draft, store) for k in cfg.sources})
         policy = auto_policy(cfg, target, draft, drafter, rebase=REBASE if keep and not runlog.disabled() else 0)
-    else:
-        drafter = NoDraft() if cfg.draft == "none" else source(cfg.draft, cfg, target, draft, store)
-        policy = width_policy(cfg)
+    elif cfg.draft == "none":
+        drafter, policy = NoDraft(), FixedWidth(0)
+    else:  # one source's width: fixed, or adaptive (the censoring-aware EMA)
+        drafter = source(cfg.draft, cfg, target, draft, store)
+        policy = EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init) if cfg.adaptive \
+            else FixedWidth(cfg.num_draft_tokens)
     eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size)
     if cfg.tree != "off":
         use_trees(cfg, eng, drafter)
@@ -120,8 +114,8 @@ def _params(model) -> int:
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter, rebase: int = 0) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
-    sized = {"model": lambda: draft.model, "eagle3": lambda: draft.model, "dflash": lambda: draft.model, "mtp": lambda: models.mtp_head(target)}  # a draft's size over the target's
-    ratio = {n: _params(sized[n]()) / _params(target.model) for n in names if n in sized}
+    ratio = {n: _params(models.mtp_head(target) if n == "mtp" else draft.model) / _params(target.model)
+             for n in names if n in ("model", "eagle3", "dflash", "mtp")}  # a draft's size over the target's
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,

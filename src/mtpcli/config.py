@@ -258,9 +258,9 @@ def load(name_or_path: str, _seen: tuple[str, ...] = (), where: str = "") -> Pro
         if name_or_path not in known:
             raise UsageError(f"{where}unknown profile '{name_or_path}'; known profiles: {', '.join(sorted(known))}")
         path = known[name_or_path]
-    if str(path.resolve()) in _seen:
-        chain = " -> ".join(Path(p).stem for p in _seen + (str(path.resolve()),))
-        raise UsageError(f"{path}: 'extends' forms a cycle ({chain})")
+    seen = _seen + (str(path.resolve()),)
+    if seen[-1] in _seen:
+        raise UsageError(f"{path}: 'extends' forms a cycle ({' -> '.join(Path(p).stem for p in seen)})")
     data = _read_toml(path)
     description = data.pop("description", "")
     parent = data.pop("extends", None)
@@ -269,7 +269,7 @@ def load(name_or_path: str, _seen: tuple[str, ...] = (), where: str = "") -> Pro
     if parent is not None:
         if not isinstance(parent, str):
             raise UsageError(f"{path}: extends = {parent!r} must be a profile name")
-        base = load(parent, _seen + (str(path.resolve()),), f"{_key_line(path, 'extends')}: extends: ")
+        base = load(parent, seen, f"{_key_line(path, 'extends')}: extends: ")
         values, origins = {**base.values, **values}, {**base.origins, **origins}
         description = description or base.description
     n_max = values.get("n_max") or values.get("num_draft_tokens")

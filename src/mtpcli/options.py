@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .config import SCHEMA, Key
+from .config import SCHEMA
 
 SHORT = {"model": ("-m",)}  # short aliases of settings options
 # The sections of `generate --help`, in this order; a settings key not named here goes under Options.
@@ -19,19 +19,15 @@ PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefi
 PANEL = {k: name for name, keys in PANELS.items() for k in keys}
 
 
-def _shown(k: Key) -> str:
-    """What help shows after a key's text: its allowed values and built-in default, as `[1..64; default: 4]`."""
-    default = None if k.default is None else ("on" if k.default else "off") if k.type is bool else k.default
-    parts = [k.allowed] * bool(k.allowed) + [f"default: {default}"] * (default is not None)
-    return f"  [{'; '.join(parts)}]" if parts else ""
-
-
 def option(key: str):
-    """The option of a settings key, named and explained by SCHEMA (a bool key takes --x/--no-x); None if not given."""
+    """The option of a settings key, named and explained by SCHEMA (a bool key takes --x/--no-x), its help ending in
+    its allowed values and built-in default, as `[1..64; default: 4]`; None if not given."""
     k = SCHEMA[key]
     names = f"{k.option}/--no-{k.option[2:]}" if k.type is bool else k.option
-    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help + _shown(k), show_default=False,
-                        rich_help_panel=PANEL.get(key))
+    default = None if k.default is None else ("on" if k.default else "off") if k.type is bool else k.default
+    shown = [k.allowed] * bool(k.allowed) + [f"default: {default}"] * (default is not None)
+    return typer.Option(None, names, *SHORT.get(key, ()), help=k.help + (f"  [{'; '.join(shown)}]" if shown else ""),
+                        show_default=False, rich_help_panel=PANEL.get(key))
 
 
 class Sections(typer.core.TyperCommand):

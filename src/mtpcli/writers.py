@@ -56,8 +56,10 @@ def write_file(flag: str, path: str, data: str | bytes) -> None:
             f.write(data)
         if os.path.exists(real):
             shutil.copymode(real, tmp)
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
+        else:  # a new file's mode, as open() would give it (the umask is read by setting it)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, real)
         tmp = None
     except OSError as e:
@@ -65,12 +67,6 @@ def write_file(flag: str, path: str, data: str | bytes) -> None:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @dataclass
