@@ -264,6 +264,19 @@ def test_cost_fit_recovers_the_costs_per_source_through_a_busy_machines_outliers
         0.1)
 
 
+def test_cost_fit_leaves_out_each_widths_first_cycle_which_compiles_on_a_gpu():
+    truth = Costs(0.005, {"history": 0.0002})  # a GPU's: a step of milliseconds, a drafted token nearly free
+    fit = CostFit(truth, known=True)
+    for i in range(40):
+        fit.add(None, 0, truth.step)
+    for k in (2, 3, 5, 7, 10, 13, 16, 16, 13, 10, 7, 5, 3, 2, 16, 16):  # each new width: a new shape, compiled once
+        compile_s = 2.0 if ("history", k) not in fit.shapes else 0.0
+        fit.add("history", k, truth.time("history", k) + compile_s)
+    got = fit.result()
+    assert got.per_token["history"] == pytest.approx(0.0002, rel=0.05) and got.fixed["history"] < 1e-4
+    assert fit.cycles() == 56
+
+
 def test_kept_costs_stay_put_within_tolerance_and_move_a_fifth_of_the_way_beyond_it():
     old = Costs(1.0, {"ngram": 0.1, "model": 0.3}, {"model": 0.2}, runs=5)
     assert old.settled(Costs(1.05, {"ngram": 0.11, "model": 0.32}, {"model": 0.2})) is old  # same seed, same output

@@ -113,7 +113,8 @@ def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool
 
 @dataclass
 class CostFit:
-    """This run's cycle seconds (the first cycle, which compiles, left out): a plain step's, their median; a source's
+    """This run's cycle seconds (the first cycle, and a source's first at each width, left out: they compile, on a
+    GPU for seconds where a cycle takes milliseconds): a plain step's, their median; a source's
     seconds per token, the slope through the median seconds at each width it drafted, pulled towards the prior's
     (worth RIDGE cycles one width apart), and its fixed part, the median of what its cycles cost beyond that:
     medians, so a moment of a busy machine moves nothing far."""
@@ -122,18 +123,26 @@ class CostFit:
     known: bool = False  # the prior is in seconds (a kept table), not in units of a plain step
     plains: list[float] = field(default_factory=list)
     drafts: dict[str, dict[int, list[float]]] = field(default_factory=dict)
-    first: bool = True
+    shapes: set = field(default_factory=set)  # the (source, width) pairs drafted so far
+    skipped: int = 0  # timed cycles left out
 
-    def add(self, source: str | None, k: int, seconds: float) -> None:
-        if self.first:
-            self.first = False
-        elif source is None or not k:
+    def add(self, source: str | None, k: int, seconds: float | None) -> None:
+        """A cycle of `source` at width k (None, 0: a plain step); seconds None: not timed, its shape compiled all
+        the same."""
+        shape = (source, k) if source is not None and k else None
+        new = shape is not None and shape not in self.shapes
+        self.shapes.add(shape)
+        if seconds is None:
+            return
+        if not self.skipped or new:
+            self.skipped += 1
+        elif shape is None:
             self.plains.append(seconds)
         else:
             self.drafts.setdefault(source, {}).setdefault(k, []).append(seconds)
 
     def cycles(self) -> int:
-        return len(self.plains) + sum(len(v) for d in self.drafts.values() for v in d.values()) + (not self.first)
+        return len(self.plains) + sum(len(v) for d in self.drafts.values() for v in d.values()) + self.skipped
 
     def result(self) -> Costs | None:
         if len(self.plains) >= 3:

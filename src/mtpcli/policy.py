@@ -224,8 +224,8 @@ class AutoPolicy(WidthPolicy):
         self.follow, self.probe = (source, self.probe * 2) if cold else (None, self.probe)
         if source in self.drafted:
             self.drafted[source] += bool(k)
-        if seconds is not None and (k or source is None) and not cold:  # (a draft cut to nothing: neither)
-            self.fit.add(source, k, seconds)
+        if k or source is None:  # (a draft cut to nothing: neither)
+            self.fit.add(source, k, None if cold else seconds)
 
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this
