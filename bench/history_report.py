@@ -1,5 +1,6 @@
 """Tables of bench/history_agent.py's JSON, in markdown: pass 1 against pass 2 per template, then pass 2's history
-against n-gram lookup alone, the draft model and plain decoding on the same prompts, then the control set.
+against every other arm run on the same prompts (n-gram lookup, fixed chains, plain decoding), then the control set,
+then draft = auto over each arm in geometric mean of per-prompt ratios.
 tok/s is the sum of tokens after the first over the sum of their seconds (prompts weigh by their length).
 
     python bench/history_report.py docs/perf/cpu/history-agent.json
@@ -8,6 +9,7 @@ tok/s is the sum of tokens after the first over the sum of their seconds (prompt
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 
@@ -36,7 +38,7 @@ def main(path: str) -> None:
             continue
         print(f"| {t} | {len(a)} | {rate(a):.2f} | {rate(b):.2f} | {rate(b) / rate(a):.2f}x | {tpc(a):.2f} | {tpc(b):.2f} |")
     print()
-    arms = [a for a in ("history", "ngram", "model", "plain") if any(r["arm"] == a for r in runs if r["phase"] != "pass1")]
+    arms = ["history"] + sorted({r["arm"] for r in runs if r["phase"] != "pass1"} - {"history"})
     others = [a for a in arms if a != "history"]
     print("| pass 2, same prompts | prompts | " + " | ".join(f"{a} tok/s" for a in arms)
           + "".join(f" | history / {a}" for a in others) + " | tokens/cycle " + " / ".join(arms) + " |")
@@ -72,6 +74,13 @@ def main(path: str) -> None:
             cycles = sum(v["cycles"] for r in control if r["arm"] == arm for k, v in r["sources"].items() if k != "plain")
             print(f"\ncontrol, {arm}: {cycles} drafting cycles, {drafted} tokens drafted, {accepted} accepted", end="")
         print()
+    print("\n| history (draft = auto) over | pass 2 | control | both |\n|---|---|---|---|")
+    for arm in others:  # geometric means of per-prompt ratios: every prompt weighs the same
+        logs = {phase: [math.log(h["tok_s"] / o["tok_s"]) for h in runs if h["phase"] == phase and h["arm"] == "history"
+                        for o in runs if o["phase"] == phase and o["arm"] == arm and o["prompt"] == h["prompt"]
+                        and o.get("round", 0) == h.get("round", 0)] for phase in ("pass2", "control")}
+        geo = lambda v: f"{math.exp(sum(v) / len(v)):.3f}x ({len(v)})" if v else "-"  # noqa: E731
+        print(f"| {arm} | {geo(logs['pass2'])} | {geo(logs['control'])} | {geo(logs['pass2'] + logs['control'])} |")
     loads = [r["history_load_s"] for r in runs if r.get("history_load_s") is not None]
     if loads:
         print(f"\nReading and indexing the store before each history run: median {statistics.median(loads) * 1000:.0f} ms,"
