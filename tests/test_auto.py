@@ -267,7 +267,7 @@ def test_cost_fit_recovers_the_costs_per_source_through_a_busy_machines_outliers
 def test_cost_fit_leaves_out_each_widths_first_cycle_which_compiles_on_a_gpu():
     truth = Costs(0.005, {"history": 0.0002})  # a GPU's: a step of milliseconds, a drafted token nearly free
     fit = CostFit(truth, known=True)
-    for i in range(40):
+    for _ in range(40):
         fit.add(None, 0, truth.step)
     for k in (2, 3, 5, 7, 10, 13, 16, 16, 13, 10, 7, 5, 3, 2, 16, 16):  # each new width: a new shape, compiled once
         compile_s = 2.0 if ("history", k) not in fit.shapes else 0.0

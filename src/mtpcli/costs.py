@@ -129,14 +129,15 @@ class CostFit:
     def add(self, source: str | None, k: int, seconds: float | None) -> None:
         """A cycle of `source` at width k (None, 0: a plain step); seconds None: not timed, its shape compiled all
         the same."""
-        shape = (source, k) if source is not None and k else None
-        new = shape is not None and shape not in self.shapes
-        self.shapes.add(shape)
+        plain = source is None or not k
+        new = not plain and (source, k) not in self.shapes
+        if new:
+            self.shapes.add((source, k))
         if seconds is None:
             return
         if not self.skipped or new:
             self.skipped += 1
-        elif shape is None:
+        elif plain:
             self.plains.append(seconds)
         else:
             self.drafts.setdefault(source, {}).setdefault(k, []).append(seconds)
