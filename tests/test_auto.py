@@ -269,12 +269,34 @@ def test_cost_fit_leaves_out_each_widths_first_cycle_which_compiles_on_a_gpu():
     fit = CostFit(truth, known=True)
     for _ in range(40):
         fit.add(None, 0, truth.step)
+    compiled = set()
     for k in (2, 3, 5, 7, 10, 13, 16, 16, 13, 10, 7, 5, 3, 2, 16, 16):  # each new width: a new shape, compiled once
-        compile_s = 2.0 if ("history", k) not in fit.shapes else 0.0
-        fit.add("history", k, truth.time("history", k) + compile_s)
+        fit.add("history", k, truth.time("history", k) + (2.0 if k not in compiled else 0.0))
+        compiled.add(k)
     got = fit.result()
     assert got.per_token["history"] == pytest.approx(0.0002, rel=0.05) and got.fixed["history"] < 1e-4
     assert fit.cycles() == 56
+    fit.add("history", 4, None)  # not timed (a probe's first cycle), its shape compiled all the same ...
+    fit.add("history", 4, truth.time("history", 4))  # ... so the next at that width is timed
+    fit.add("history", 6, None, None)  # a tree's cycle: no chain's shape compiled ...
+    fit.add("history", 6, truth.time("history", 6) + 2.0)  # ... so the first chain at its width is left out
+    fit.add("history", 3, truth.time("history", 3) + 2.0, (2,))  # two rows: another shape than one row's
+    assert fit.drafts["history"][4] == [pytest.approx(truth.time("history", 4))] and 6 not in fit.drafts["history"]
+    assert len(fit.drafts["history"][3]) == 1 and fit.cycles() == 61 and fit.untimed == 2
+
+
+def test_a_kept_table_that_timed_a_compile_heals_from_one_probes_two_cycles():
+    poisoned = Costs(0.005, {"history": 0.5}, {"history": 0.0})  # a GPU table that took a compile for a cost
+    fit = CostFit(poisoned, known=True)
+    for _ in range(10):
+        fit.add(None, 0, 0.005)
+    fit.add("history", 1, None)  # the probe: its first cycle catches up, untimed; its second is timed ...
+    fit.add("history", 1, 0.0052)
+    fit.add("history", 1, None)  # ... and again at the next probe
+    fit.add("history", 1, 0.0052)
+    got = fit.result()
+    assert got.per_token["history"] == pytest.approx(0.0002, rel=0.05) and got.fixed["history"] < 1e-4
+    assert poisoned.settled(got).per_token["history"] < 0.5 * 0.8  # the kept table moves off its compile
 
 
 def test_kept_costs_stay_put_within_tolerance_and_move_a_fifth_of_the_way_beyond_it():

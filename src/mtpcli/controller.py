@@ -65,9 +65,10 @@ class WidthPolicy:
         self.batch = len(members)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
-               source: str | None = None, requested: Sequence[int] | None = None, chances=None) -> None:
+               source: str | None = None, requested: Sequence[int] | None = None, chances=None,
+               tree: bool = False) -> None:
         """A cycle: per member the tokens it really drafted and how many the target accepted (requested: asked
-        for; chances: the source's estimates)."""
+        for; chances: the source's estimates; tree: drafted as a tree, `drafted` its first-child chain)."""
 
     def observe(self, confidences) -> None:
         pass

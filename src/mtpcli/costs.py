@@ -123,17 +123,21 @@ class CostFit:
     known: bool = False  # the prior is in seconds (a kept table), not in units of a plain step
     plains: list[float] = field(default_factory=list)
     drafts: dict[str, dict[int, list[float]]] = field(default_factory=dict)
-    shapes: set = field(default_factory=set)  # the (source, width) pairs drafted so far
+    shapes: set = field(default_factory=set)  # the (source, width, ...) draft shapes so far
     skipped: int = 0  # timed cycles left out
+    untimed: int = 0
 
-    def add(self, source: str | None, k: int, seconds: float | None) -> None:
+    def add(self, source: str | None, k: int, seconds: float | None, shape: tuple | None = ()) -> None:
         """A cycle of `source` at width k (None, 0: a plain step); seconds None: not timed, its shape compiled all
-        the same."""
+        the same. `shape`: what a draft's compiled pass depends on beyond (source, k), such as the rows; None: no
+        chain's (a tree's)."""
         plain = source is None or not k
-        new = not plain and (source, k) not in self.shapes
+        key = None if plain or shape is None else (source, k, *shape)
+        new = key is not None and key not in self.shapes
         if new:
-            self.shapes.add((source, k))
+            self.shapes.add(key)
         if seconds is None:
+            self.untimed += 1
             return
         if not self.skipped or new:
             self.skipped += 1
@@ -143,7 +147,8 @@ class CostFit:
             self.drafts.setdefault(source, {}).setdefault(k, []).append(seconds)
 
     def cycles(self) -> int:
-        return len(self.plains) + sum(len(v) for d in self.drafts.values() for v in d.values()) + self.skipped
+        return (len(self.plains) + sum(len(v) for d in self.drafts.values() for v in d.values()) + self.skipped
+                + self.untimed)
 
     def result(self) -> Costs | None:
         if len(self.plains) >= 3:
@@ -156,11 +161,13 @@ class CostFit:
         per, fixed = {}, {}
         for s, by_width in self.drafts.items():
             samples = [(k, t) for k, ts in by_width.items() for t in ts]
-            if len(samples) < 3:
-                continue  # too few to say
+            if len(samples) < 2:
+                continue  # too few to say (a probe times two)
             k, n = np.array(list(by_width), float), np.array([len(ts) for ts in by_width.values()], float)
             m, prior = np.array([median(ts) for ts in by_width.values()]), self.prior.per_token.get(s, 0.1) * scale
             dk = k - np.average(k, weights=n)
             per[s] = max(float((n * dk) @ m + RIDGE * prior) / float(n @ dk**2 + RIDGE), 0.0)
+            # no dearer than what was measured: a prior far too high (a table that timed a compile) gives way
+            per[s] = min(per[s], max(float(n @ m) / n.sum() - step, 0.0) / float(n @ k / n.sum()))
             fixed[s] = max(median(t - per[s] * k for k, t in samples) - step, 0.0)
         return Costs(step, per, fixed)

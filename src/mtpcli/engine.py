@@ -245,9 +245,9 @@ class Engine:
         seconds = self.clock.charge(f)
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
             self.drafter.commit(contexts, kept, self.target.hidden)
-            self.policy.update(chain, kept, seconds=seconds if f.timed and draft.tree is None else None,
+            self.policy.update(chain, kept, seconds=seconds if f.timed else None,
                                source=plan.source if max(caps) else None, requested=draft.requested,
-                               chances=draft.chances)
+                               chances=draft.chances, tree=draft.tree is not None)
             if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
                 self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
         self.cycles += 1

@@ -153,7 +153,7 @@ class AutoPolicy(WidthPolicy):
 
     # ---- the policy API ------------------------------------------------------------------------------
     def plan(self, contexts: list) -> Plan:
-        if not self.warm and 1 <= self.fit.cycles() <= 3 and len(self.fit.plains) < 3:
+        if not self.warm and 1 <= self.fit.cycles() - self.fit.untimed <= 3 and len(self.fit.plains) < 3:
             self.last = Plan(None, 0)  # calibration (cold runs only): a plain step's time
             return self.last
         if self.rebase and not self.warm and self.fit.cycles() >= self.rebase:
@@ -183,6 +183,7 @@ class AutoPolicy(WidthPolicy):
         got.per_token = {s: got.per_token.get(s, self.costs.per_token.get(s, self.costs.step) * scale)
                          for s in self.sources}
         got.fixed = {s: got.fixed.get(s, self.costs.fixed.get(s, 0.0) * scale) for s in self.sources}
+        got.shift = self.costs.shift  # (the run's own points are its rows' already: not counted twice)
         self.costs, self._shifts = got, {}
 
     def floor(self, source: str) -> tuple[float, float, list[float]]:
@@ -197,10 +198,11 @@ class AutoPolicy(WidthPolicy):
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
-               chances: Sequence[Sequence[float]] | None = None) -> None:
+               chances: Sequence[Sequence[float]] | None = None, tree: bool = False) -> None:
         """`source` asked for `requested[b]` tokens of row b and drafted `drafted[b]`, `accepted[b]` passed; a
         draft cut short at n after n passed counts as rejected at n (n + 1 tokens either way), a full accept of
-        what was asked as nothing past it (censored). `chances`: its estimate of each drafted token."""
+        what was asked as nothing past it (censored). `chances`: its estimate of each drafted token; `tree`: the
+        draft was a tree (`drafted`: its first-child chain), its seconds not a chain's and its shape none of theirs."""
         requested = requested or drafted
         for b, (n, a, r) in enumerate(zip(drafted, accepted, requested)):
             if source not in self.seen:
@@ -225,7 +227,7 @@ class AutoPolicy(WidthPolicy):
         if source in self.drafted:
             self.drafted[source] += bool(k)
         if k or source is None:  # (a draft cut to nothing: neither)
-            self.fit.add(source, k, None if cold else seconds)
+            self.fit.add(source, k, None if cold or tree else seconds, None if tree else (len(drafted),))
 
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this
