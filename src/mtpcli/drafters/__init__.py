@@ -162,7 +162,11 @@ class Lookup(Drafter):
         tree = self.tree(contexts, caps) if self.nodes else None
         if tree is not None:
             return tree
-        found = [self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))]
+        return self.chain([self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))])
+
+    @staticmethod
+    def chain(found: list[tuple[list[int], list[float]]]) -> Draft:
+        """Each row's draft (tokens, estimates) as one chain draft."""
         k = max(len(f) for f, _ in found)
         tokens = mx.array([f + [0] * (k - len(f)) for f, _ in found], dtype=mx.int32).reshape(len(found), k)
         lengths = [len(f) for f, _ in found]
@@ -171,9 +175,10 @@ class Lookup(Drafter):
     def tree(self, contexts, caps) -> Draft | None:
         """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap; None (a chain)
         under tree = auto where the tree does not pay."""
-        rows, chances = [], []
+        rows, chances, firsts = [], [], []
         for b, (c, k) in enumerate(zip(contexts, caps)):
             cands = self.looks(b, c, min(k, self.nodes), 2 * self.children) if k > 0 else []
+            firsts.append(cands[0] if cands else ([], []))
             tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
             chain = next((i for i, par in enumerate(parents) if par != i), len(parents))
             rows.append((tokens, parents, cands[0][1][:chain] if cands else []))
@@ -181,8 +186,10 @@ class Lookup(Drafter):
         n = max(len(t) for t, _, _ in rows)
         if n == 0:
             return empty(caps)
-        if self.cost is not None and not pays(chances, [len(c) for _, _, c in rows], self.cost):
-            return None
+        if self.cost is not None and (all(len(t) == len(c) for t, _, c in rows)  # (every row's tree: its chain)
+                                      or not pays(chances, [len(c) for _, _, c in rows], self.cost)):
+            # the chain: a row's first candidate is its chain draft, where the tree was cut no shorter than it
+            return self.chain(firsts) if all(k <= self.nodes for k in caps) else None
         tokens = mx.array([t + [0] * (n - len(t)) for t, _, _ in rows], dtype=mx.int32)
         parents = np.array([p + [-1] * (n - len(p)) for _, p, _ in rows])
         return Draft(tokens, None, [len(t) for t, _, _ in rows], list(caps), [c for _, _, c in rows], Shape.of(parents))
