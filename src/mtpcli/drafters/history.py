@@ -14,6 +14,7 @@ start counts LONG tokens more (the start stands for a prompt not kept). `auto` w
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -143,14 +144,13 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         """The winners of the votes from depth `start` among the `alive` candidates, while prob stays up."""
         draft, probs = [], []
         for d in range(start, k):
-            votes = c[alive, d]
-            votes = votes[votes >= 0]
-            if votes.size == 0:
+            votes = [v for v in c[alive, d].tolist() if v >= 0]  # (a few dozen: Python's counting is the quicker)
+            if not votes:
                 break
-            values, counts = np.unique(votes, return_counts=True)
-            top = values[counts == counts.max()]
-            best = int(votes[np.isin(votes, top)][-1])  # ties go to the most recent
-            p = counts.max() / (alive.sum() + shrink)
+            counts = Counter(votes)
+            most = max(counts.values())
+            best = next(v for v in reversed(votes) if counts[v] == most)  # ties go to the most recent
+            p = most / (int(alive.sum()) + shrink)
             prob *= p
             if prob < MIN_PROB:
                 break
@@ -164,9 +164,8 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         return [(draft, probs)]
     alts, alive, prob = [], np.ones(c.shape[0], bool), 1.0  # a tree's: the other tokens voted for along the draft
     for d, t in enumerate(draft):
-        values, counts = np.unique(c[alive, d][c[alive, d] >= 0], return_counts=True)
-        for v, n in zip(values.tolist(), counts.tolist()):
-            p = n / (alive.sum() + shrink)
+        for v, n in sorted(Counter(v for v in c[alive, d].tolist() if v >= 0).items()):
+            p = n / (int(alive.sum()) + shrink)
             if v != t and prob * p >= MIN_PROB:
                 rest, rp = follow(alive & (c[:, d] == v), d + 1, prob * p)
                 alts.append((prob * p, draft[:d] + [v] + rest, probs[:d] + [float(p)] + rp))
