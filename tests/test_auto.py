@@ -285,7 +285,7 @@ def test_cost_fit_leaves_out_each_widths_first_cycle_which_compiles_on_a_gpu():
     assert len(fit.drafts["history"][3]) == 1 and fit.cycles() == 61 and fit.untimed == 2
 
 
-def test_a_kept_table_that_timed_a_compile_heals_from_one_probes_two_cycles():
+def test_a_kept_table_that_timed_a_compile_heals_from_its_two_probes_timed_cycles():
     poisoned = Costs(0.005, {"history": 0.5}, {"history": 0.0})  # a GPU table that took a compile for a cost
     fit = CostFit(poisoned, known=True)
     for _ in range(10):
@@ -297,6 +297,12 @@ def test_a_kept_table_that_timed_a_compile_heals_from_one_probes_two_cycles():
     got = fit.result()
     assert got.per_token["history"] == pytest.approx(0.0002, rel=0.05) and got.fixed["history"] < 1e-4
     assert poisoned.settled(got).per_token["history"] < 0.5 * 0.8  # the kept table moves off its compile
+    fair = CostFit(Costs(0.010, {"history": 0.0002}), known=True)  # within noise of a step: the slope stands
+    for _ in range(10):
+        fair.add(None, 0, 0.010)
+    for t in (None, 0.0099, None, 0.0100):
+        fair.add("history", 2, t)
+    assert fair.result().per_token["history"] == pytest.approx(0.0002)
 
 
 def test_kept_costs_stay_put_within_tolerance_and_move_a_fifth_of_the_way_beyond_it():
@@ -655,3 +661,14 @@ def test_concurrent_runs_settle_the_kept_table_one_after_another():
     with mp.get_context("spawn").Pool(6) as pool:
         pool.map(_settle_add_one, [home] * 6)
     assert runlog.load_costs("k") == {"n": 30}
+
+
+def test_a_cold_run_whose_first_cycles_are_all_untimed_trees_still_rebases_once_it_has_timed_some():
+    pol = AutoPolicy(["ngram"], 8, prior_costs(["ngram"], {}, gpu=True), lambda s, c, k: [[0.9] * k], rebase=32)
+    for i in range(60):
+        p = pol.plan([[1, 2, 3]])
+        pol.update([p.width], [p.width], seconds=0.01 + 0.001 * p.width, source=p.source if p.width else None,
+                   requested=[p.width], chances=[[0.9] * p.width], tree=i < 40 and p.width > 0)
+        if i == 32:
+            assert pol.rebase == 32 and pol.costs.step == 1.0  # nothing timed yet: the prior, the re-base pending
+    assert pol.rebase == 0 and pol.costs.step == pytest.approx(0.01)  # decided by what it timed, as the next run

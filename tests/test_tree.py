@@ -145,6 +145,24 @@ def test_auto_trees_where_siblings_are_likely_enough_to_pay_for_their_verificati
     assert pays(tree, [2], cheap) and not pays(tree, [2], dear)
 
 
+def test_auto_drafts_the_chain_it_would_have_drafted_where_a_tree_does_not_pay():
+    d = NgramDrafter(1, 3)
+    d.nodes, d.children, d.cost = 6, 3, lambda k, n: 1.0 + 0.1 * k + 5.0 * (n - k)  # a node past the chain: dear
+    ctxs = [[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2], [7, 8, 7, 9, 7], [1, 2, 3], [4, 4, 4, 4]]  # branching, one, none
+    d.add_rows(len(ctxs))
+    for b, c in enumerate(ctxs):
+        d.start(b, c)
+    assert len(d.looks(0, ctxs[0], 4, 6)) == 3  # three earlier occurrences: a tree is there to be had
+    for caps in ([4, 3, 2, 0], [2, 0, 4, 5]):
+        got = d.tree(ctxs, caps)
+        want = d.chain([d.look(b, c, k) if k else ([], []) for b, (c, k) in enumerate(zip(ctxs, caps))])
+        assert got.tree is None and got.tokens.tolist() == want.tokens.tolist()
+        assert (got.lengths, got.requested, got.chances) == (want.lengths, want.requested, want.chances)
+    assert d.tree(ctxs, [7, 1, 1, 1]) is None  # a cap past the budget: the chain is longer than the candidates
+    d.cost = lambda k, n: 1.0 + 0.1 * k + 0.001 * (n - k)  # cheap nodes: the tree
+    assert d.tree(ctxs, [4, 3, 2, 0]).tree is not None
+
+
 def test_greedy_auto_trees_equal_plain_decoding(tiny):
     target = tiny[0]
     plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS)

@@ -162,12 +162,13 @@ class CostFit:
         for s, by_width in self.drafts.items():
             samples = [(k, t) for k, ts in by_width.items() for t in ts]
             if len(samples) < 2:
-                continue  # too few to say (a probe times two)
+                continue  # too few to say (two probes time two)
             k, n = np.array(list(by_width), float), np.array([len(ts) for ts in by_width.values()], float)
             m, prior = np.array([median(ts) for ts in by_width.values()]), self.prior.per_token.get(s, 0.1) * scale
             dk = k - np.average(k, weights=n)
             per[s] = max(float((n * dk) @ m + RIDGE * prior) / float(n @ dk**2 + RIDGE), 0.0)
-            # no dearer than what was measured: a prior far too high (a table that timed a compile) gives way
-            per[s] = min(per[s], max(float(n @ m) / n.sum() - step, 0.0) / float(n @ k / n.sum()))
+            mean_k, over = float(n @ k) / n.sum(), float(n @ m) / n.sum() - step  # what was measured beyond a step
+            if per[s] * mean_k - over > 0.25 * step:  # a line far dearer than what was measured (a prior that timed a
+                per[s] = max(over, 0.0) / mean_k  # compile) gives way to it; within noise of a step it stands
             fixed[s] = max(median(t - per[s] * k for k, t in samples) - step, 0.0)
         return Costs(step, per, fixed)

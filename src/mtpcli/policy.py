@@ -176,9 +176,10 @@ class AutoPolicy(WidthPolicy):
         """A cold run's prior gives way, once, to the table of what the run has measured so far (what it has not
         measured: the prior's, in seconds), so that a first run decides as the runs after it will: from timings
         and acceptance of cycles already committed, never this cycle's draws."""
-        self.rebase, got = 0, self.measured()
+        got = self.measured()
         if got is None or not (got.step > 0 and math.isfinite(got.step)):
-            return
+            return  # (nothing to decide by yet: again at the next cycle)
+        self.rebase = 0
         scale = got.step / self.costs.step
         got.per_token = {s: got.per_token.get(s, self.costs.per_token.get(s, self.costs.step) * scale)
                          for s in self.sources}
