@@ -185,7 +185,7 @@ class Lookup(Drafter):
             chances.append((parents, [cands[o][1][i] for o, i in origins]))
         n = max(len(t) for t, _, _ in rows)
         if n == 0:
-            return empty(caps)
+            return self.chain(firsts)  # (nothing found: nothing asked, as a chain's lookup)
         if self.cost is not None and (all(len(t) == len(c) for t, _, c in rows)  # (every row's tree: its chain)
                                       or not pays(chances, [len(c) for _, _, c in rows], self.cost)):
             # the chain: a row's first candidate is its chain draft, where the tree was cut no shorter than it
