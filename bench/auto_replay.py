@@ -212,9 +212,8 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
             while a < n and agree[t + a]:
                 a += 1
         elif source == "ngram" and k > 0:
-            look = lookup.available([context], k)[0]
-            draft = look.tokens[:k]
-            n, chances = len(draft), list(look)[: len(draft)]
+            draft, est = lookup.look(0, context, k)
+            n, chances = len(draft), list(est)[: len(draft)]
             while a < n and draft[a] == gen[t + a]:
                 a += 1
         sec = table.time(source if n else None, n)
