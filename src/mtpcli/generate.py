@@ -244,9 +244,9 @@ def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
         table = costs
         where = "from this machine's kept cost table" if auto.get("warm") else "a prior from the models' sizes"
     step = table.step
-    cost = f"{table.per_token.get('model', step) / step:.0%}"
+    cost = f"{table.per_token.get('model', step) / step:.0%} of a target step"
     if table.fixed.get("model"):
-        cost += f" (and {table.fixed['model'] / step:.0%} a cycle to catch up)"
+        cost += f", and {table.fixed['model'] / step:.0%} of one a cycle to catch up"
     if used.get("drafted"):
         accept = f"{used['acceptance_rate']:.0%} of its tokens accepted in this run"
     elif costs.accept.get("model"):
@@ -254,7 +254,7 @@ def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
     else:
         accept = f"acceptance unmeasured (assumed {PRIOR_ACCEPT:.0%})"
     return (f"mtpcli: note: draft model {cfg.draft_model} drafted in {drafted} of {cycles} cycles: draft = auto found "
-            f"it did not pay, a draft token costing {cost} of a target step ({where}), {accept}; "
+            f"it did not pay, a draft token costing {cost} ({where}), {accept}; "
             f"--draft model uses it in every cycle")
 
 
