@@ -164,8 +164,9 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
         return [(draft, probs)]
     alts, alive, prob = [], np.ones(c.shape[0], bool), 1.0  # a tree's: the other tokens voted for along the draft
     for d, t in enumerate(draft):
+        total = int(alive.sum()) + shrink
         for v, n in sorted(Counter(v for v in c[alive, d].tolist() if v >= 0).items()):
-            p = n / (int(alive.sum()) + shrink)
+            p = n / total
             if v != t and prob * p >= MIN_PROB:
                 rest, rp = follow(alive & (c[:, d] == v), d + 1, prob * p)
                 alts.append((prob * p, draft[:d] + [v] + rest, probs[:d] + [float(p)] + rp))
