@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,20 +140,12 @@ def main() -> None:
         one(settings({**arms[arm], "history": arms[arm].get("draft") == "history"}, 6), tune, keep=False)
     tree_arms = [a for a in others if "tree" in a]
     if tree_arms:  # trees' warm-up: their verify shapes compile on a history of their own (not the measured one)
-        import os
-        import tempfile
-        kept_home = os.environ.get("XDG_DATA_HOME")
-        with tempfile.TemporaryDirectory() as home:
-            os.environ["XDG_DATA_HOME"] = home
+        with tempfile.TemporaryDirectory() as home, mock.patch.dict(os.environ, {"XDG_DATA_HOME": home}):
             for item in templates[:6]:  # two of each template: the history has alternatives
                 ids = encode_prompt(target.tokenizer, item["prompt"], None, None)
                 one(settings(arms["history"]), ids)
                 for arm in tree_arms:
                     one(settings(arms[arm]), ids, keep=False)
-        if kept_home is None:
-            os.environ.pop("XDG_DATA_HOME", None)
-        else:
-            os.environ["XDG_DATA_HOME"] = kept_home
     for arm in ("history", "ngram", "model") if "pass1" in phases else ():  # calibration: this machine's cycle
         one(settings({**arms[arm], "history": False}, 32), tune)  # costs, as a user's first run stores them
 
