@@ -42,8 +42,10 @@ def passes(conf: float, greedy: bool) -> float:
     """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability), fitted
     on text that is not the benchmark's (docs/perf/cpu/draft-confidence.txt, by bench/draft_confidence.py at
     b092569): at T = 0 the argmaxes agree a little more often than the confidence says; at T > 0 a token passes
-    with probability sum min(p, q), near 0.5 even where the draft is unsure."""
-    return 0.1 + 0.9 * conf if greedy else 0.45 + 0.5 * conf * conf
+    with probability sum min(p, q), near 0.5 even where the draft is unsure and near 1 where it is sure (a curve
+    that stopped at 0.95 there made sure tokens' passes a large log-odds shift, which then overstated every unsure
+    token of a row: docs/perf/auto.md)."""
+    return 0.1 + 0.9 * conf if greedy else 0.45 + 0.55 * conf * conf
 
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
