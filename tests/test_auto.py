@@ -159,9 +159,11 @@ def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_is_not_wo
     assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, keep=0.45, go_on=0.5).lengths == [1, 1]
     d = autoregress(_confident([[0.99] * 4] * 2), [2, 4], greedy, [None] * 2, go_on=0.5)
     assert d.lengths == [2, 3]  # a row's own cap ends it; then the other's chance is worth half a plain step
-    # at T > 0 the chance comes from sum min(p, q)'s fit: 0.575 for a draft half sure, then 0.33
+    # at T > 0 the chance comes from sum min(p, q)'s fit: 0.59 for a draft half sure, then 0.35; near 1 where the
+    # draft is sure (as sum min(p, q) is where both agree), so that sure tokens need no shift to be believed
     hot, keys = SamplingParams(temp=1.0), [mx.random.key(0)]
     assert passes(0.5, False) > 0.5 > passes(0.5, False) ** 2
+    assert passes(1.0, False) == pytest.approx(1.0) and passes(0.99, False) > 0.985 > passes(0.9, False)
     assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, go_on=0.5).lengths == [2]
     assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, keep=0.4, go_on=0.5).lengths == [1]
     # a row whose drafts passed more often than their confidence said (its shift) drafts on; the chances the
