@@ -11,7 +11,8 @@ mlx-lm's batch_generate (its sampler is mtpcli's law).
 `compare` / `ablate`: the real AutoPolicy, the real n-gram lookup and the draft model's in-draft stop run on those
 records, each cycle charged the kept cost table given (--costs: this machine's, as the run log keeps it), the policy
 deciding with that table as a warm run does; at T > 0 a draft model's token passes with its recorded chance (drawn
---seeds times), a lookup token where it is the recorded text. `compare`: auto against the fixed arms per prompt.
+--seeds times), a lookup token where it is the recorded text. `compare`: auto against the fixed arms per prompt, and
+the fixed arm a choice knowing each prompt's class would take.
 `ablate`: the full policy against each mechanism removed (and all the removable ones together), geometric means of
 tokens per second against plain steps, overall and per class, the worst class's loss.
 
@@ -289,6 +290,16 @@ def compare(args) -> None:
         print(f"\ngeometric means against plain: " + ", ".join(f"{a} {m:.3f}" for a, m in means.items()) +
               f"; auto / best single arm ({best_arm}) {means['auto'] / best:.3f}; auto >= 0.97x the best fixed arm on "
               f"{len(data) - below} of {len(data)} prompts ({(len(data) - below) / len(data):.0%})")
+        # the same count for a choice that knows each prompt's class in advance: the fixed arm (plain included)
+        # whose geometric mean over the class is best; what knowing the class, not the prompt, can reach
+        fixed = {"plain": {n: 1.0 for n in data}, **{a: per[a] for a in arms[1:]}}
+        hits = 0
+        for c in {klass(n) for n in data}:
+            names = [n for n in data if klass(n) == c]
+            arm = max(fixed, key=lambda a: geometric_mean([fixed[a][n] for n in names]))
+            hits += sum(fixed[arm][n] >= 0.97 * max(f[n] for f in fixed.values()) for n in names)
+        print(f"the best fixed arm of each class, chosen in hindsight: >= 0.97x the best fixed arm on {hits} of "
+              f"{len(data)} prompts ({hits / len(data):.0%})")
 
 
 def ablate(args) -> None:
