@@ -48,6 +48,21 @@ def test_the_published_layout_loads_over_the_targets_embedding_and_head(pairs, c
     assert "DFlash block-diffusion drafter" in out and "[0, 3]" in out
 
 
+def test_block_size_mask_id_and_layers_are_read_from_dflash_config_or_the_top_level(pairs, tmp_path):
+    """Exports differ in where they put these three fields: each is read from either place."""
+    target, d = load(pairs)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    config = json.loads((pairs["flat"][1] / "config.json").read_text())
+    extra = config.pop("dflash_config")
+    config |= {"mask_token_id": extra["mask_token_id"], "target_layer_ids": extra["target_layer_ids"],
+               "dflash_config": {"block_size": config.pop("block_size")}}
+    (moved / "config.json").write_text(json.dumps(config))
+    (moved / "model.safetensors").symlink_to(pairs["flat"][1] / "model.safetensors")
+    io = models.load_draft(str(moved), target).model.io
+    assert (io.taps, io.block, io.mask_id) == (d.model.io.taps, d.model.io.block, d.model.io.mask_id) == ((0, 3), 4, 2)
+
+
 def test_a_drafter_made_for_another_target_is_refused_before_decoding(pairs, tmp_path, cli):
     target, _ = load(pairs)
     cases = {"it reads 128 values per position": make_dflash_drafter(tmp_path / "w", make_model(tmp_path / "wide",

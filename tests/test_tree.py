@@ -11,7 +11,7 @@ import pytest
 
 from mtpcli import assemble, models, verify
 from mtpcli.controller import FixedWidth
-from mtpcli.drafters import NoDraft
+from mtpcli.drafters import NoDraft, passes
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
@@ -161,6 +161,45 @@ def test_auto_drafts_the_chain_it_would_have_drafted_where_a_tree_does_not_pay()
     assert d.tree(ctxs, [7, 1, 1, 1]) is None  # a cap past the budget: the chain is longer than the candidates
     d.cost = lambda k, n: 1.0 + 0.1 * k + 0.001 * (n - k)  # cheap nodes: the tree
     assert d.tree(ctxs, [4, 3, 2, 0]).tree is not None
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temp=0.0), SamplingParams(temp=1.0, top_k=6)])
+def test_a_model_trees_decision_sees_the_shape_and_chances_of_the_tree_it_would_draw(sp, monkeypatch):
+    """tree = auto decides before drawing any sibling: the (parents, chances) it weighs are those of the tree drawn
+    when it pays (each sibling at T = 0 with its draft probability, at T > 0 the sum of q^2 / q of what it is drawn
+    from), and a tree that does not pay costs no sibling's draw."""
+    from mtpcli.drafters import Draft
+    from mtpcli.drafters import model as model_drafter
+
+    mx.random.seed(3)
+    q = mx.softmax(2.0 * mx.random.normal((2, 3, 16)), axis=-1)
+    chain = Draft(mx.argmax(q, axis=-1).astype(mx.int32), q, [3, 2], [3, 2], None)
+    d = ModelDrafter.__new__(ModelDrafter)
+    d.nodes, d.children, d.cost = 7, 3, lambda k, n: 1.0
+    weighed = []
+    monkeypatch.setattr(model_drafter, "pays", lambda trees, chain, cost: weighed.append(trees) or True)
+    keys = [mx.random.key(1), mx.random.key(2)]
+    got = d.tree(chain, sp, keys)
+    for b, (parents, chances) in enumerate(weighed[0]):
+        n = got.lengths[b]
+        assert parents == got.tree.parents[b][:n].tolist()
+        toks, conf = got.tokens[b].tolist(), q[b].max(axis=-1).tolist()
+        depth = [0] * n
+        for i, par in enumerate(parents):
+            depth[i] = 0 if par == 0 else depth[par - 1] + 1
+        for i in range(n):
+            chain_token = toks[i] == chain.tokens[b, depth[i]].item()
+            if chain_token:
+                assert chances[i] == pytest.approx(passes(conf[depth[i]], sp.greedy))
+            elif sp.greedy:
+                assert chances[i] == pytest.approx(q[b, depth[i], toks[i]].item())
+            else:
+                rest = mx.where(mx.arange(16) == chain.tokens[b, depth[i]], 0.0, q[b, depth[i]])
+                assert chances[i] == pytest.approx(((rest * rest).sum() / rest.sum()).item())
+        assert n > chain.lengths[b]  # siblings were drawn: the budget had room
+    monkeypatch.setattr(model_drafter, "pays", lambda trees, chain, cost: False)
+    monkeypatch.setattr(mx.random, "gumbel", lambda *a, **k: pytest.fail("a sibling drawn for a tree not taken"))
+    assert d.tree(chain, sp, keys).tree is None
 
 
 def test_greedy_auto_trees_equal_plain_decoding(tiny):

@@ -1,8 +1,8 @@
 """DFlash block drafters (z-lab, 2026: dflash/model.py, and its MLX port model_mlx.py): a few Qwen3 layers that draft a
 whole block in ONE pass, reading the target's own hidden states and sharing its embedding and LM head.
 
-Layout (config.json: block_size, dflash_config.{mask_token_id, target_layer_ids}; weights fc, hidden_norm, norm,
-layers.N.* of a Qwen3 decoder layer): the outputs of the target layers `target_layer_ids` (by default spread from
+Layout (config.json: block_size, dflash_config.{mask_token_id, target_layer_ids}, each read from either place;
+weights fc, hidden_norm, norm, layers.N.* of a Qwen3 decoder layer): the outputs of the target layers `target_layer_ids` (by default spread from
 layer 1 to L - 3) are joined and projected, ctx = hidden_norm(fc(states)), one entry per committed token but the
 newest. Each layer injects ctx as keys and values before the block's own (k_norm(k_proj(ctx)), v_proj(ctx), at the
 tokens' positions, kept in a cache); the block is [the newest token, mask x (block_size - 1)] at the positions that
@@ -93,15 +93,16 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Block:
     if "sliding_attention" in (config.get("layer_types") or []):
         raise ModelError(f"{where}: sliding-window drafter layers are not supported yet")
     extra = config.get("dflash_config") or {}
+    field = lambda k: extra.get(k, config.get(k))  # noqa: E731  (exports put these in either place)
     layers, n = target_model.layers, config.get("num_hidden_layers", 1)
-    taps = tuple(extra.get("target_layer_ids") or default_taps(len(layers), n))
+    taps = tuple(field("target_layer_ids") or default_taps(len(layers), n))
     width, (H, fc_in) = _width(target_model), w["fc.weight"].shape
     if fc_in != len(taps) * width or H != width:
         raise ModelError(f"{where} is made for another target: it reads {fc_in} values per position and is {H} wide; "
                          f"{len(taps)} layers of this target give {len(taps)} x {width}")
     if any(not 0 <= i < len(layers) for i in taps):
         raise ModelError(f"{where} reads target layers {list(taps)}; this target has {len(layers)} layers")
-    mask_id, block = extra.get("mask_token_id", config.get("mask_token_id")), config.get("block_size")
+    mask_id, block = field("mask_token_id"), field("block_size")
     if not isinstance(mask_id, int) or not 0 <= mask_id < target_vocab or not isinstance(block, int) or block < 2:
         raise ModelError(f"{where}: needs block_size >= 2 and a mask_token_id below the target's {target_vocab} tokens")
     parts = split_model(target_model)

@@ -73,38 +73,54 @@ class ModelDrafter(Drafter):
         """The chain, and siblings at its least sure positions (where the draft's most likely token is least
         probable), `children` - 1 at most per position and `nodes` in all: at T = 0 the draft's next most likely
         tokens, at T > 0 drawn without replacement from its q (Gumbel-top-k), each with the proposal it was drawn
-        from (q without the tokens before it). Where siblings go depends on the chain's q, never on their tokens."""
+        from (q without the tokens before it). Where siblings go depends on the chain's q, never on their tokens;
+        so does whether the tree pays (tree = auto), decided before any sibling is drawn."""
         if not chain.k:
             return chain
-        q, V = chain.q, chain.q.shape[-1]
+        q, V, c = chain.q, chain.q.shape[-1], self.children - 1
         conf = q.max(axis=-1).tolist()
-        rows, chances = [], []
+        rest = mx.where(mx.arange(V) == chain.tokens[:, :, None], 0.0, q)  # q without the chain's token, per depth
+        top, mass = mx.sort(mx.topk(rest, c, axis=-1), axis=-1)[..., ::-1], (rest * rest).sum(-1) / rest.sum(-1)
+        top, mass, count = top.tolist(), mass.tolist(), (rest > 0).sum(-1).tolist()
+        plans = []  # per row: (depth, siblings' chances) at its least sure depths, within the node budget
         for b, n in enumerate(chain.lengths):
-            toks, room = chain.tokens[b].tolist()[:n], self.nodes - n
-            cands, props = [toks], {}
+            plan, room = [], self.nodes - n
             for d in sorted(range(n), key=lambda d: conf[b][d]):
                 if room <= 0:
                     break
-                rest = mx.where(mx.arange(V) == toks[d], 0.0, q[b, d])
-                take = min(self.children - 1, room, int((rest > 0).sum()))  # (a truncated q has few tokens)
+                take = min(c, room, count[b][d])  # (a truncated q has few tokens)
+                # a sibling's chance: at T = 0 its draft probability, at T > 0 what a draw is expected to hold
+                plan.append((d, top[b][d][:take] if sp.greedy else [mass[b][d]] * take))
+                room -= take
+            plans.append(plan)
+        if self.cost is not None:  # (the tree's shape alone: siblings are distinct, so tokens do not change it)
+            chances = []
+            for b, (n, plan) in enumerate(zip(chain.lengths, plans)):
+                alts = [(d, x) for d, xs in plan for x in xs]
+                _, parents, origins = merge([list(range(n))] + [list(range(d)) + [-1 - i] for i, (d, _) in
+                                                                enumerate(alts)], self.nodes, self.children)
+                chances.append((parents, [passes(conf[b][i], sp.greedy) if o == 0 else alts[o - 1][1]
+                                          for o, i in origins]))
+            if not pays(chances, chain.lengths, self.cost):
+                return Draft(chain.tokens, None if sp.greedy else chain.q, chain.lengths, chain.requested,
+                             chain.chances)
+        rows = []
+        for b, (n, plan) in enumerate(zip(chain.lengths, plans)):
+            toks = chain.tokens[b].tolist()[:n]
+            cands, props = [toks], {}
+            for d, xs in plan:
+                r = rest[b, d]
                 if sp.greedy:
-                    alts = mx.argsort(-rest)[:take].tolist()
+                    alts = mx.argsort(-r)[: len(xs)].tolist()
                 else:  # Gumbel-top-k: the order of draws without replacement
                     g = mx.random.gumbel(shape=(V,), key=mx.random.split(keys[b], n)[d])
-                    alts = mx.argsort(-(mx.log(rest) + g))[:take].tolist()
-                # a sibling's chance (tree = auto): at T > 0 what a draw of it is expected to hold, not its token's
-                chance = None if sp.greedy or self.cost is None else ((rest * rest).sum() / rest.sum()).item()
+                    alts = mx.argsort(-(mx.log(r) + g))[: len(xs)].tolist()
                 for a in alts:
-                    props[len(cands)] = (rest / rest.sum(), chance if chance is not None or self.cost is None else
-                                         q[b, d, a].item())
-                    rest = mx.where(mx.arange(V) == a, 0.0, rest)
+                    props[len(cands)] = r / r.sum()
+                    r = mx.where(mx.arange(V) == a, 0.0, r)
                     cands.append(toks[:d] + [a])
-                room -= take
             tokens, parents, origins = merge(cands, self.nodes, self.children)
-            rows.append((tokens, parents, [q[b, i] if c == 0 else props[c][0] for c, i in origins]))
-            chances.append((parents, [passes(conf[b][i], sp.greedy) if c == 0 else props[c][1] for c, i in origins]))
-        if self.cost is not None and not pays(chances, chain.lengths, self.cost):
-            return Draft(chain.tokens, None if sp.greedy else chain.q, chain.lengths, chain.requested, chain.chances)
+            rows.append((tokens, parents, [q[b, i] if o == 0 else props[o] for o, i in origins]))
         N = max(len(t) for t, _, _ in rows)
         pad = mx.full((V,), 1.0 / V)
         return Draft(mx.array([t + [0] * (N - len(t)) for t, _, _ in rows], dtype=mx.int32),
