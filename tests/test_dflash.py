@@ -49,14 +49,14 @@ def test_the_published_layout_loads_over_the_targets_embedding_and_head(pairs, c
 
 
 def test_block_size_mask_id_and_layers_are_read_from_dflash_config_or_the_top_level(pairs, tmp_path):
-    """Exports differ in where they put these three fields: each is read from either place."""
+    """Exports differ in where they put these three fields: each is read from either place (a null is no value)."""
     target, d = load(pairs)
     moved = tmp_path / "moved"
     moved.mkdir()
     config = json.loads((pairs["flat"][1] / "config.json").read_text())
     extra = config.pop("dflash_config")
     config |= {"mask_token_id": extra["mask_token_id"], "target_layer_ids": extra["target_layer_ids"],
-               "dflash_config": {"block_size": config.pop("block_size")}}
+               "dflash_config": {"block_size": config.pop("block_size"), "mask_token_id": None}}
     (moved / "config.json").write_text(json.dumps(config))
     (moved / "model.safetensors").symlink_to(pairs["flat"][1] / "model.safetensors")
     io = models.load_draft(str(moved), target).model.io

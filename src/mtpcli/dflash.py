@@ -93,7 +93,7 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Block:
     if "sliding_attention" in (config.get("layer_types") or []):
         raise ModelError(f"{where}: sliding-window drafter layers are not supported yet")
     extra = config.get("dflash_config") or {}
-    field = lambda k: extra.get(k, config.get(k))  # noqa: E731  (exports put these in either place)
+    field = lambda k: config.get(k) if extra.get(k) is None else extra[k]  # noqa: E731  (exports use either place)
     layers, n = target_model.layers, config.get("num_hidden_layers", 1)
     taps = tuple(field("target_layer_ids") or default_taps(len(layers), n))
     width, (H, fc_in) = _width(target_model), w["fc.weight"].shape
