@@ -109,12 +109,11 @@ class ModelDrafter(Drafter):
             toks = chain.tokens[b].tolist()[:n]
             cands, props = [toks], {}
             for d, xs in plan:
-                r = rest[b, d]
-                if sp.greedy:
-                    alts = mx.argsort(-r)[: len(xs)].tolist()
-                else:  # Gumbel-top-k: the order of draws without replacement
-                    g = mx.random.gumbel(shape=(V,), key=mx.random.split(keys[b], n)[d])
-                    alts = mx.argsort(-(mx.log(r) + g))[: len(xs)].tolist()
+                r = rest[b, d]  # at T = 0 its largest, at T > 0 the Gumbel-top-k (draws without replacement, in order)
+                g = None if sp.greedy else mx.random.gumbel(shape=(V,), key=mx.random.split(keys[b], n)[d])
+                key = -r if sp.greedy else -(mx.log(r) + g)
+                top = mx.argpartition(key, len(xs) - 1)[: len(xs)]
+                alts = top[mx.argsort(key[top])].tolist()
                 for a in alts:
                     props[len(cands)] = r / r.sum()
                     r = mx.where(mx.arange(V) == a, 0.0, r)
