@@ -106,14 +106,13 @@ class ModelDrafter(Drafter):
                              chain.chances)
         rows = []
         for b, (n, plan) in enumerate(zip(chain.lengths, plans)):
-            toks = chain.tokens[b].tolist()[:n]
+            toks, split = chain.tokens[b].tolist()[:n], None if sp.greedy else mx.random.split(keys[b], n)
             cands, props = [toks], {}
             for d, xs in plan:
                 r = rest[b, d]  # at T = 0 its largest, at T > 0 the Gumbel-top-k (draws without replacement, in order)
-                g = None if sp.greedy else mx.random.gumbel(shape=(V,), key=mx.random.split(keys[b], n)[d])
-                key = -r if sp.greedy else -(mx.log(r) + g)
-                top = mx.argpartition(key, len(xs) - 1)[: len(xs)]
-                alts = top[mx.argsort(key[top])].tolist()
+                key = -r if sp.greedy else -(mx.log(r) + mx.random.gumbel(shape=(V,), key=split[d]))
+                idx = mx.argpartition(key, len(xs) - 1)[: len(xs)]
+                alts = idx[mx.argsort(key[idx])].tolist()
                 for a in alts:
                     props[len(cands)] = r / r.sum()
                     r = mx.where(mx.arange(V) == a, 0.0, r)
