@@ -328,7 +328,7 @@ def convert_cmd(
     out_dir: str = typer.Argument(..., help="Folder to write (config.json, model.safetensors, tokenizer files)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 (best on CPU), float16 or bfloat16."),
     q_bits: Optional[int] = typer.Option(None, "--q-bits", help="Quantize linear layers to 4 or 8 bits."),
-    q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size."),
+    q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size: 32, 64 or 128."),
 ):
     """Convert a GGUF file into an mlx-lm model folder."""
     from .gguf_convert import convert

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ LAYER_NAMES = {
 }
 GEMMA_LAYER_NAMES = {**LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+OUTPUT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+WRITER = "mtpcli convert"  # in model.safetensors' metadata: the mark of a folder that convert may replace
+GROUP_SIZES = (32, 64, 128)  # what mx.quantize takes (affine)
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
@@ -129,7 +133,8 @@ def build_tokenizer(reader):
 
 def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: int | None = None,
             q_group_size: int = 64, quiet: bool = False) -> Path:
-    """Write an mlx-lm folder for the GGUF file `src` at `dst` (atomically: a temp folder, then rename)."""
+    """Write an mlx-lm folder for the GGUF file `src` at `dst` (atomically: a temp folder beside it, then rename). An
+    existing `dst` is replaced only when it is empty or an earlier conversion's output (never a user's files)."""
     import mlx.core as mx
     from gguf import GGUFReader
 
@@ -140,36 +145,77 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "float32", q_bits: in
         raise UsageError(f"--dtype {dtype}: choose float32, float16 or bfloat16")
     if q_bits not in (None, 4, 8):
         raise UsageError(f"--q-bits {q_bits}: choose 4 or 8")
+    if q_group_size not in GROUP_SIZES:  # (MLX's affine quantization: 0 is a SIGFPE inside libmlx)
+        raise UsageError(f"--q-group-size {q_group_size}: choose {', '.join(map(str, GROUP_SIZES))}")
+    check_output(dst)
     try:
         reader = GGUFReader(src)
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"{src}: not a readable GGUF file ({e})") from None
     config = read_config(reader)
-    tmp = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:12]}.partial"  # (beside it: renamed into place; its own)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise ModelError(f"cannot write {dst}: {e.strerror or e}") from None
     try:
         weights = read_weights(reader, config, _progress(reader.tensors, f"converting {src.name}", quiet))
         with status("writing the MLX folder ...", quiet):  # (casting, tokenizer, safetensors: seconds)
             arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
             del weights
             tok, tok_cfg = build_tokenizer(reader)
-            tok.save(str(tmp / "tokenizer.json"))
             tok_cfg["model_max_length"] = config["max_position_embeddings"]
-            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
-            if "chat_template" in tok_cfg:
-                (tmp / "chat_template.jinja").write_text(tok_cfg["chat_template"])
             if q_bits:
                 arrays, config = _quantize(arrays, config, q_bits, q_group_size)
-            mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": "mlx"})
+            # every file through Python's own writes: a full disk or a read-only folder is an OSError, nothing else
+            (tmp / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
+            if "chat_template" in tok_cfg:
+                (tmp / "chat_template.jinja").write_text(tok_cfg["chat_template"], encoding="utf-8")
+            with open(tmp / "model.safetensors", "wb") as f:
+                mx.save_safetensors(f, arrays, metadata={"format": "mlx", "writer": WRITER})
             (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        if dst.exists():
-            shutil.rmtree(dst)
+        old = tmp.with_name(tmp.name + ".old")  # (unique, as tmp is)
+        if dst.exists():  # checked above: empty, or an earlier conversion
+            dst.rename(old)
         tmp.rename(dst)
-    except BaseException:
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise ModelError(f"cannot write {dst}: {e.strerror or e}") from None
         raise
     return dst
+
+
+def check_output(dst: Path) -> None:
+    """Refuse an output that is not a new folder, an empty one or an earlier conversion's (its files only, its
+    weights marked as written by convert): a conversion replaces it whole."""
+    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
+        raise UsageError(f"{dst}: exists and is not a folder (convert writes a new folder there)")
+    if (above := next((p for p in dst.parents if p.exists()), None)) and not above.is_dir():
+        raise UsageError(f"{dst}: {above} is a file, not a folder")
+    try:
+        names = {p.name for p in dst.iterdir()} if dst.exists() else set()
+        ours = names <= OUTPUT_FILES and "model.safetensors" in names and \
+            ((header(dst / "model.safetensors") or {}).get("__metadata__") or {}).get("writer") == WRITER
+    except OSError as e:
+        raise ModelError(f"cannot read {dst}: {e.strerror or e}") from None
+    if names and not ours:
+        extra = sorted(names - OUTPUT_FILES) or sorted(names)
+        raise UsageError(f"{dst}: not empty and not an earlier `mtpcli convert` output (it holds {extra[0]!r}); "
+                         "give a new or empty folder")
+
+
+def header(path: Path) -> dict | None:
+    """A .safetensors file's JSON header, or None when it is not one."""
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        try:
+            doc = json.loads(f.read(size)) if size <= path.stat().st_size - 8 else None
+        except ValueError:  # (UnicodeDecodeError too)
+            return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _quantize(arrays, config, bits, group_size):
@@ -180,7 +226,9 @@ def _quantize(arrays, config, bits, group_size):
     family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = family.Model(family.ModelArgs.from_dict(config))
     model.load_weights(list(arrays.items()), strict=False)
-    nn.quantize(model, group_size=group_size, bits=bits)
+    # (as mlx-lm's quantize_model: a layer whose rows do not split into groups stays as it is; its loader agrees)
+    nn.quantize(model, group_size=group_size, bits=bits,
+                class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0)
     return dict(tree_flatten(model.parameters())), {**config, "quantization": {"group_size": group_size, "bits": bits}}
 
 

@@ -1,0 +1,151 @@
+"""Faults of models and their conversion (issue 60): convert never deletes a user's files nor crashes in MLX on a
+group size, a cache that cannot be written is one line; inspect fetches nothing; an empty folder named like an alias
+hides nothing; SIGTERM while the model loads exits 143; a broken model folder is one line naming the file that is
+wrong, found before the weights load."""
+
+import errno
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mtpcli import config, fetch, models
+from mtpcli.errors import ModelError, UsageError
+from mtpcli.gguf_convert import cache_dir, convert
+from test_fetch import fake_index  # noqa: F401  (fixture reuse)
+from test_gguf import source, write_gguf  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def gguf(source):  # noqa: F811
+    root, _, cfg, weights = source
+    path = root / "tiny.gguf"
+    if not path.exists():
+        write_gguf(path, weights, cfg)
+    return path
+
+
+def _one_line(r, code, *names):
+    err = r.stderr.decode()
+    assert r.returncode == code and err.count("\n") == 1 and err.startswith("mtpcli: error: "), err
+    assert all(str(n) in err for n in names), err
+    return err
+
+
+def _main(monkeypatch, capsys, *args):
+    """`mtpcli ARGS` in this process (so a test can make a write fail): (exit status, stdout, stderr)."""
+    from mtpcli import cli
+
+    monkeypatch.setenv("MTPCLI_BLAS", "reference")  # main() never re-executes the test process
+    monkeypatch.setattr(sys, "argv", ["mtpcli", *map(str, args)])
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+# ---- item 2: convert into a folder that holds a user's files ----------------------------------------------------
+
+def test_convert_into_a_folder_of_user_files_refuses_and_keeps_them(cli, gguf, tmp_path, tiny_paths):
+    mine = tmp_path / "out"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    model = shutil.copytree(tiny_paths["target"], tmp_path / "model")  # a model folder convert did not write
+    for out in (mine, model):
+        before = _snapshot(tmp_path)
+        _one_line(cli("convert", gguf, out), 2, out, "not empty")
+        assert _snapshot(tmp_path) == before  # not a byte changed, no temporary folder left
+
+
+def test_convert_replaces_its_own_output_and_keeps_a_users_partial_folder(cli, gguf, tmp_path, monkeypatch):
+    (tmp_path / "out.partial").mkdir()  # the fixed temporary name the old code deleted first
+    (tmp_path / "out.partial" / "mine.txt").write_text("precious")
+    r = cli("convert", gguf, "out")
+    assert r.returncode == 0 and r.stdout.decode().strip() == "out", r.stderr
+    monkeypatch.chdir(tmp_path)
+    convert(gguf, "out", quiet=True)  # again: its own output, replaced
+    assert sorted(os.listdir(tmp_path / "out")) == ["chat_template.jinja", "config.json", "model.safetensors",
+                                                   "tokenizer.json", "tokenizer_config.json"]
+    assert (tmp_path / "out.partial" / "mine.txt").read_text() == "precious"
+    assert sorted(os.listdir(tmp_path)) == ["out", "out.partial"]
+    assert oct((tmp_path / "out").stat().st_mode & 0o777) == oct(0o777 & ~_umask())  # as mkdir makes a folder
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---- item 3: a group size MLX does not take ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [0, 7, -64, 256])
+def test_a_group_size_mlx_does_not_take_is_one_line_before_mlx(cli, gguf, tmp_path, size):
+    r = cli("convert", gguf, "out", "--q-bits", "4", "--q-group-size", size)
+    err = _one_line(r, 2, f"--q-group-size {size}")  # (0 was a SIGFPE inside libmlx: no line at all)
+    assert "32, 64" in err and not (tmp_path / "out").exists()
+
+
+def test_a_group_size_wider_than_some_rows_quantizes_the_others(cli, gguf, tmp_path):
+    r = cli("convert", gguf, "out", "--q-bits", "4", "--q-group-size", "128")  # the tiny model's rows are 64 wide
+    assert r.returncode == 0, r.stderr
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 128, "bits": 4}
+    assert models.load(str(tmp_path / "out")).model is not None
+
+
+# ---- item 4: convert onto a file, its own input; a cache that cannot be written ----------------------------------
+
+def test_convert_onto_a_file_or_its_own_input_is_one_line_and_keeps_the_file(cli, gguf, tmp_path):
+    data, beside = gguf.read_bytes(), sorted(os.listdir(gguf.parent))
+    other = tmp_path / "x.txt"
+    other.write_text("precious")
+    for out, named in ((gguf, gguf), (other, other), (f"{gguf}/sub", gguf)):
+        _one_line(cli("convert", gguf, out), 2, named, "not a folder")
+    assert gguf.read_bytes() == data and sorted(os.listdir(gguf.parent)) == beside
+    assert other.read_text() == "precious" and [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+
+
+def test_a_gguf_converted_into_a_read_only_cache_is_one_line(monkeypatch, capsys, gguf):
+    cache = cache_dir()
+    cache.mkdir(parents=True)
+    real = os.mkdir
+
+    def mkdir(path, *a, **k):  # a read-only folder (root may write anywhere: the test says what a user would see)
+        if str(path).startswith(str(cache)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    code, out, err = _main(monkeypatch, capsys, "models", "inspect", gguf)
+    lines = err.splitlines()
+    assert code == 3 and out == "" and "internal error" not in err, err
+    assert lines[-1].startswith(f"mtpcli: error: cannot write {cache}/gguf-tiny-") and "Permission denied" in lines[-1]
+    assert os.listdir(cache) == []
+
+
+def test_a_gguf_converted_into_a_full_cache_is_one_line_and_leaves_nothing(gguf, tmp_path):
+    def small_files():  # every write past 100 kB fails, as on a full disk (EFBIG, where a disk says ENOSPC)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    r = subprocess.run([sys.executable, "-m", "mtpcli", "generate", "-m", str(gguf), "-p", "ab", "-q", "--no-log"],
+                       capture_output=True, cwd=tmp_path, env=os.environ, preexec_fn=small_files, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 3 and r.stdout == b"" and "internal error" not in err, err
+    assert err.splitlines()[-1].startswith(f"mtpcli: error: cannot write {cache_dir()}/gguf-tiny-"), err
+    assert "File too large" in err and os.listdir(cache_dir()) == []  # no half-written folder
