@@ -149,3 +149,67 @@ def test_a_gguf_converted_into_a_full_cache_is_one_line_and_leaves_nothing(gguf,
     assert r.returncode == 3 and r.stdout == b"" and "internal error" not in err, err
     assert err.splitlines()[-1].startswith(f"mtpcli: error: cannot write {cache_dir()}/gguf-tiny-"), err
     assert "File too large" in err and os.listdir(cache_dir()) == []  # no half-written folder
+
+
+# ---- item 8: inspect fetches nothing; an empty folder named like an alias; SIGTERM while loading; -m "" ---------
+
+def test_inspect_of_an_alias_not_fetched_says_so_and_fetches_nothing(monkeypatch, capsys, fake_index):  # noqa: F811
+    alias, calls = fake_index
+    code, out, err = _main(monkeypatch, capsys, "models", "inspect", "fake")
+    assert code == 3 and out == "" and calls == [] and not fetch.is_cached("fake"), err
+    assert err.strip() == (f"mtpcli: error: 'fake' is a known alias not fetched yet (a {fetch.human_size(alias.size)} "
+                           "download); `mtpcli models pull fake` fetches and converts it")
+    fetch.ensure("fake", quiet=True)  # once fetched, inspect reads it
+    code, out, err = _main(monkeypatch, capsys, "models", "inspect", "fake")
+    assert code == 0 and "model_type: llama" in out and len(calls) == 1, err
+
+
+def test_an_empty_folder_named_like_an_alias_does_not_hide_the_alias(cli, tmp_path, tiny_paths, monkeypatch):
+    shutil.copytree(tiny_paths["target"], cache_dir() / "smollm2-135m")  # the default model, cached
+    (tmp_path / "smollm2-135m").mkdir()  # and an empty folder of its name in the working folder
+    r = cli("generate", "-p", "ab", "--max-tokens", "3", "-q", "--no-chat")
+    assert r.returncode == 0 and r.stdout, r.stderr
+    from mtpcli import runlog
+
+    assert runlog.query(last=1)[-1]["model"] == "smollm2-135m"  # logged as the alias, not the folder
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2-135m" / "notes.txt").write_text("x")  # a folder with files but no config.json: the same
+    assert models.canonical("smollm2-135m") == "smollm2-135m"
+    assert models.resolve("smollm2-135m") == cache_dir() / "smollm2-135m"
+
+
+SLOW_LOAD = r"""
+import sys, time
+from mtpcli import cli, models
+
+def load(*a, **k):
+    print("loading", file=sys.stderr, flush=True)
+    time.sleep(60)
+
+models.load = load
+sys.argv = ["mtpcli", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_sigterm_while_the_model_loads_exits_143(tmp_path, tiny_paths):
+    p = subprocess.Popen([sys.executable, "-c", SLOW_LOAD, "generate", "-m", str(tiny_paths["target"]), "-p", "ab",
+                          "--no-log"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                         env={**os.environ, "MTPCLI_BLAS": "reference"})
+    assert p.stderr.readline() == b"loading\n"
+    t = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 143 and out == b"" and b"Traceback" not in err, err
+    assert time.time() - t < 10
+
+
+def test_an_empty_model_name_is_one_line_naming_the_flag_or_file(cli, tmp_path, monkeypatch):
+    _one_line(cli("generate", "-m", "", "-p", "ab"), 2, "--model: model is empty")  # (not "model folder .")
+    with pytest.raises(UsageError, match="^--draft-model: draft_model is empty"):  # (not: no draft, silently)
+        config.resolve(None, {"draft_model": " "}, env={})
+    (tmp_path / "p.toml").write_text('model = ""\n')
+    with pytest.raises(UsageError, match=f"^{tmp_path / 'p.toml'}: model is empty"):
+        config.resolve(str(tmp_path / "p.toml"), {}, env={})
+    with pytest.raises(ModelError, match="^the model name is empty"):  # (models inspect "")
+        models.resolve("")

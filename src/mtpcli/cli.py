@@ -33,7 +33,7 @@ app.add_typer(profile_app, name="profile")
 app.add_typer(models_app, name="models")
 app.add_typer(history_app, name="history")
 
-_global = {"profile": None}
+_global = {"profile": None, "terminated": False}
 def _confirm(yes: bool, what: str, question: str) -> None:
     """Go on with --yes, or when a terminal's user says yes."""
     if not yes:
@@ -306,7 +306,7 @@ def models_inspect(path: str):
     """What a checkpoint is and which draft sources it supports."""
     from . import eagle, models
 
-    folder = models.resolve(path)
+    folder = models.resolve(path, download=False)  # (an alias not fetched yet: said, not fetched to print 4 lines)
     cfg = models.read_config(folder)
     if head := eagle.kind(folder):
         cfg = eagle.flat(cfg)
@@ -344,6 +344,7 @@ def _pipe_closed(console) -> None:
 
 def _sigterm(_signum, _frame) -> None:
     """SIGTERM ends a run as Ctrl-C does (what was committed, the statistics so far, the run log row), exit 143."""
+    _global["terminated"] = True  # (outside generate's decoding, typer turns any KeyboardInterrupt into exit 130)
     raise KeyboardInterrupt(EXIT_TERMINATED)
 
 
@@ -351,9 +352,11 @@ def main() -> None:
     rich.console.Console.on_broken_pipe = _pipe_closed
     blas.fast()
     signal.signal(signal.SIGTERM, _sigterm)
+    _global["terminated"] = False
     try:
         try:
             code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from blas.fast)
+            code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
             sys.stdout.flush()  # a reader that left shows here, not at the interpreter's exit
         except SystemExit:  # click ends a command whose stdout closed with exit 1, its streams made quiet
             if type(sys.stdout).__name__ == "PacifyFlushWrapper":
@@ -377,7 +380,7 @@ def main() -> None:
                 print(f"mtpcli: error: {e.format_message()}", file=sys.stderr)
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":  # Ctrl-C (or our SIGTERM) in a prompt: typer raises it `from None`
-            sys.exit(EXIT_INTERRUPTED)
+            sys.exit(EXIT_TERMINATED if _global["terminated"] else EXIT_INTERRUPTED)
         if os.environ.get("MTPCLI_DEBUG"):
             raise
         print(f"mtpcli: internal error: {type(e).__name__}: {e} (MTPCLI_DEBUG=1 shows the traceback)", file=sys.stderr)

@@ -296,6 +296,11 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
             v[name], origins[name] = prof.values[name], str(prof.origins[name])
         else:
             v[name], origins[name] = spec.default, "default"
+    for name in ("model", "draft_model"):  # (an empty name would be read as the working folder, or as no draft)
+        if v[name] is not None and not v[name].strip():
+            where = SCHEMA[name].option if origins[name] == "flag" else origins[name]
+            raise UsageError(f"{where}: {name} is empty; give a local folder, an alias, a .gguf file or a Hugging "
+                             "Face id")
     if v["tree"] != "off" and v["typical_threshold"] > 0:
         raise UsageError("--spec-tree needs the exact law: it is not used with typical acceptance "
                          "(--typical-threshold)")

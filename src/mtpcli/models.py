@@ -38,17 +38,32 @@ def canonical(name: str) -> str:
     """The name a model is logged under (run log, history, cost table): a local folder or GGUF file as its absolute
     path (the same from any folder); an alias or a Hugging Face id as given."""
     path = Path(name).expanduser()
-    return str(path.resolve()) if path.is_dir() or (path.suffix == ".gguf" and path.is_file()) else name
+    return str(path.resolve()) if folder_named(name) or (path.suffix == ".gguf" and path.is_file()) else name
 
 
-def resolve(name: str) -> Path:
-    """Turn a model name into a local folder mlx-lm's loaders take (a Hub id: its snapshot in the local cache)."""
+def folder_named(name: str) -> Path | None:
+    """The local folder `name` names, if any. A folder named like an alias is one only with a config.json: an empty
+    ./smollm2-135m in the working folder does not hide the alias."""
     path = Path(name).expanduser()
-    if path.is_dir():
+    return path if path.is_dir() and (name not in fetch.ALIASES or (path / "config.json").is_file()) else None
+
+
+def resolve(name: str, download: bool = True) -> Path:
+    """Turn a model name into a local folder mlx-lm's loaders take (a Hub id: its snapshot in the local cache).
+    download: fetch and convert an alias on first use (else an alias not cached yet is an error)."""
+    if not name.strip():
+        raise ModelError("the model name is empty: give a local folder, an alias "
+                         f"({', '.join(fetch.ALIASES)}), a .gguf file or a Hugging Face id")
+    path = Path(name).expanduser()
+    if folder_named(name):
         if not (path / "config.json").is_file():
             raise ModelError(f"model folder {path} has no config.json (not an mlx-lm/Hugging Face model folder)")
         return path.resolve()
     if name in fetch.ALIASES:
+        if not (download or fetch.is_cached(name)):
+            size = fetch.human_size(fetch.ALIASES[name].size)
+            raise ModelError(f"'{name}' is a known alias not fetched yet (a {size} download); "
+                             f"`mtpcli models pull {name}` fetches and converts it")
         return fetch.ensure(name)
     if path.suffix == ".gguf":
         if not path.is_file():
