@@ -213,3 +213,65 @@ def test_an_empty_model_name_is_one_line_naming_the_flag_or_file(cli, tmp_path, 
         config.resolve(str(tmp_path / "p.toml"), {}, env={})
     with pytest.raises(ModelError, match="^the model name is empty"):  # (models inspect "")
         models.resolve("")
+
+
+# ---- item 9: a broken model folder: one line naming the file, before the weights load ---------------------------
+
+def _edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _other_tokenizer(folder):
+    from tiny import VOCAB, write_tokenizer
+
+    write_tokenizer(folder, vocab=VOCAB[:2] + [f"x{i}" for i in range(100)] + VOCAB[2:])
+
+
+BROKEN = {  # what is done to a good folder -> (the file named, what the line says)
+    "no tokenizer files": (lambda f: [p.unlink() for p in f.glob("tokenizer*")], "", "no tokenizer files"),
+    "no model_type": (lambda f: _edit_config(f, model_type=None), "config.json", 'no "model_type"'),
+    "weights for fewer layers": (lambda f: _edit_config(f, num_hidden_layers=4), "",
+                                 "num_hidden_layers is 4, but the weights (*.safetensors) hold 2 layers"),
+    "num_hidden_layers 0": (lambda f: _edit_config(f, num_hidden_layers=0), "config.json", "num_hidden_layers is 0"),
+    "max_position_embeddings -5": (lambda f: _edit_config(f, max_position_embeddings=-5), "config.json",
+                                   "max_position_embeddings is -5; it must be a positive integer"),
+    "a tokenizer.json of another kind": (lambda f: (f / "tokenizer.json").write_text('{"version": "1.0"}'),
+                                         "tokenizer.json", 'no "model" in it'),
+    "a tokenizer.json that is no JSON": (lambda f: (f / "tokenizer.json").write_text('{"model": '),
+                                         "tokenizer.json", "not valid JSON"),
+    "the tokenizer of another model": (_other_tokenizer, "tokenizer.json",
+                                       "147 tokens, more than the 47 of config.json's vocab_size"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_broken_model_folder_names_the_file_before_the_weights_load(tmp_path, tiny_paths, monkeypatch, case):
+    folder = shutil.copytree(tiny_paths["target"], tmp_path / "m")
+    breaks, name, says = BROKEN[case]
+    breaks(folder)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the weights were loaded"))
+    with pytest.raises(ModelError) as e:
+        models.load(str(folder), "target model")
+    msg = str(e.value)
+    assert msg.startswith(f"cannot load target model '{folder}': {folder / name}") and says in msg, msg
+    assert "\n" not in msg
+
+
+def test_a_broken_model_folder_is_one_line_exit_3_from_generate_and_inspect(cli, tmp_path, tiny_paths):
+    folder = shutil.copytree(tiny_paths["target"], tmp_path / "m")
+    _edit_config(folder, num_hidden_layers=0)
+    _one_line(cli("generate", "-m", folder, "-p", "ab", "-q"), 3, folder / "config.json", "num_hidden_layers is 0")
+    _one_line(cli("models", "inspect", folder), 3, folder / "config.json", "num_hidden_layers is 0")
+
+
+def test_a_prompt_the_tokenizer_encodes_to_nothing_is_one_line(cli, tmp_path, tiny_paths):
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
+    folder = shutil.copytree(tiny_paths["target"], tmp_path / "m")
+    Tokenizer(BPE()).save(str(folder / "tokenizer.json"))  # a tokenizer that knows no text
+    _one_line(cli("generate", "-m", folder, "-p", "ab", "-q", "--no-chat"), 2, "encodes the prompt to no tokens")

@@ -316,6 +316,7 @@ def models_inspect(path: str):
         print(f"hidden: {cfg.get('hidden_size')}  target layers read: {taps}  "
               f"vocab: {cfg.get('draft_vocab_size', cfg.get('vocab_size'))} of {cfg.get('vocab_size')}")
         return
+    models.check_config(folder, cfg)
     print(f"model_type: {cfg.get('model_type')}")
     print(f"layers: {cfg.get('num_hidden_layers')}  hidden: {cfg.get('hidden_size')}  vocab: {cfg.get('vocab_size')}")
     print(f"context: {models.max_context(cfg)}")

@@ -67,6 +67,8 @@ def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer
         if it.error is None and not (it.text or "").strip():
             it.error = f"empty prompt ({it.source})" if opts.single else f"{where}empty prompt"
         ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system) if it.error is None else None
+        if ids == []:  # (a tokenizer that knows none of the text: nothing to decode from)
+            it.error, ids = f"{where}the model's tokenizer encodes the prompt to no tokens", None
         if ids is not None and limit and len(ids) >= limit:
             it.error = f"{where}prompt is {len(ids)} tokens, longer than the model's context of {limit} tokens"
         if it.error and opts.single:

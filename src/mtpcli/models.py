@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import mlx.core as mx  # noqa: E402
 from huggingface_hub import snapshot_download  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-from mlx_lm.utils import MODEL_REMAPPING, load_model, load_tokenizer  # noqa: E402
+from mlx_lm.utils import MODEL_REMAPPING, load_config, load_model, load_tokenizer  # noqa: E402
 
 from . import dflash, eagle, fetch, gguf_convert, mtp  # noqa: E402
 from .cache import layer_kind  # noqa: E402
@@ -81,11 +82,15 @@ def resolve(name: str, download: bool = True) -> Path:
 
 
 def load(name: str, role: str = "model") -> Loaded:
-    """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them."""
+    """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them.
+    The config, the tokenizer and the weights' names first: a broken folder fails, naming its file, before any weights
+    load."""
     target = resolve(name)
     try:
         config = read_config(target)
-        check_weights(target)
+        check_config(target, config)
+        tokenizer = read_tokenizer(target, config)
+        check_weights(target, config)
         spec = mtp.find(target, config)
 
         def classes(config):  # any family whose checkpoint carries MTP weights: dropped before its strict load
@@ -94,7 +99,6 @@ def load(name: str, role: str = "model") -> Loaded:
             return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
 
         model, config = load_model(target) if spec is None else load_model(target, get_model_classes=classes)
-        tokenizer = load_tokenizer(target, eos_token_ids=config.get("eos_token_id", None))
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"cannot load {role} '{name}': {msg}") from None
@@ -178,17 +182,74 @@ def read_config(folder: Path | str) -> dict:
     return config
 
 
-def check_weights(folder: Path) -> None:
-    """Refuse a .safetensors file whose header is not one (MLX's loader fails without naming it)."""
+# keys mlx-lm and max_context read as counts: 0 or -5 there fails later as "'full_attention' is not in list" or a
+# context of -5 tokens
+POSITIVE = ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings", "n_positions", "max_seq_len",
+            "seq_length")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def check_config(folder: Path, config: dict) -> None:
+    """Refuse a config.json that mlx-lm would fail on without naming what is wrong."""
+    path = folder / "config.json"
+    if not isinstance(config.get("model_type"), str):
+        raise ModelError(f"{path}: no \"model_type\" (the model's family: llama, qwen2, ...)")
+    for part in (config, config.get("text_config")):
+        for key in POSITIVE if isinstance(part, dict) else ():
+            v = part.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ModelError(f"{path}: {key} is {v!r}; it must be a positive integer")
+
+
+def read_tokenizer(folder: Path, config: dict):
+    """mlx-lm's tokenizer of a model folder, checked against the model's vocabulary."""
+    files = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if not files:
+        raise ModelError(f"{folder}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
+    try:
+        tokenizer = load_tokenizer(folder, eos_token_ids=load_config(folder).get("eos_token_id", None))
+    except Exception as e:  # noqa: BLE001 - transformers' reasons name no file (a KeyError's text): one line that does
+        raise ModelError(f"{files[0]}: not a tokenizer mlx-lm can load ({_tokenizer_fault(files[0], e)})") from None
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    # the tokenizer's own vocabulary, not the special tokens transformers may add (an <|endoftext|> of its own)
+    backend = getattr(tokenizer._tokenizer, "backend_tokenizer", None)
+    size = backend.get_vocab_size(with_added_tokens=False) if backend is not None else 0
+    if isinstance(vocab, int) and size > vocab:
+        raise ModelError(f"{files[0]}: {size} tokens, more than the {vocab} of config.json's vocab_size (the "
+                         "tokenizer of another model?)")
+    return tokenizer
+
+
+def _tokenizer_fault(path: Path, e: Exception) -> str:
+    """Why a tokenizer file did not load: a tokenizer.json that is not the tokenizers library's (no JSON object with a
+    "model"), else the loader's first line."""
+    if path.name == "tokenizer.json":
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError as bad:  # (UnicodeDecodeError too)
+            return f"not valid JSON: {bad}"
+        if not (isinstance(doc, dict) and "model" in doc):
+            return "no \"model\" in it: not a tokenizer.json of the Hugging Face tokenizers library"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def check_weights(folder: Path, config: dict) -> None:
+    """Refuse a .safetensors file whose header is not one (MLX's loader fails without naming it), and weights for
+    fewer layers than config.json's num_hidden_layers (mlx-lm's "Missing 18 parameters" names neither)."""
+    layers = set()
     for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            try:
-                ok = size <= path.stat().st_size - 8 and isinstance(json.loads(f.read(size)), dict)
-            except ValueError:
-                ok = False
-        if not ok:
+        doc = gguf_convert.header(path)
+        if doc is None:
             raise ModelError(f"{path}: not a safetensors file (damaged or not weights)")
+        layers.update(int(m.group(1)) for key in doc if (m := LAYER.search(key)))
+    n = config.get("num_hidden_layers") or (config.get("text_config") or {}).get("num_hidden_layers")
+    if layers and isinstance(n, int) and (missing := [i for i in range(n) if i not in layers]):
+        raise ModelError(f"{folder}: config.json's num_hidden_layers is {n}, but the weights (*.safetensors) hold "
+                         f"{n - len(missing)} layers (none for layer {missing[0]})")
+
+
+# a decoder layer's weight (model.layers.3..., language_model.model.layers.3..., model.language_model.layers.3...)
+LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
 
 
 def draft_sources(folder: Path | str, config: dict) -> list[str]:
