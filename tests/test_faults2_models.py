@@ -6,7 +6,6 @@ wrong, found before the weights load."""
 import errno
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -139,12 +138,12 @@ def test_a_gguf_converted_into_a_read_only_cache_is_one_line(monkeypatch, capsys
 
 
 def test_a_gguf_converted_into_a_full_cache_is_one_line_and_leaves_nothing(gguf, tmp_path):
-    def small_files():  # every write past 100 kB fails, as on a full disk (EFBIG, where a disk says ENOSPC)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
-
-    r = subprocess.run([sys.executable, "-m", "mtpcli", "generate", "-m", str(gguf), "-p", "ab", "-q", "--no-log"],
-                       capture_output=True, cwd=tmp_path, env=os.environ, preexec_fn=small_files, timeout=120)
+    # every write past 100 kB fails, as on a full disk (EFBIG where a disk says ENOSPC), in C++ and Python alike
+    small_files = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                   "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)); "
+                   "os.execv(sys.executable, [sys.executable, '-m', 'mtpcli', *sys.argv[1:]])")
+    r = subprocess.run([sys.executable, "-c", small_files, "generate", "-m", str(gguf), "-p", "ab", "-q", "--no-log"],
+                       capture_output=True, cwd=tmp_path, env=os.environ, timeout=120)
     err = r.stderr.decode()
     assert r.returncode == 3 and r.stdout == b"" and "internal error" not in err, err
     assert err.splitlines()[-1].startswith(f"mtpcli: error: cannot write {cache_dir()}/gguf-tiny-"), err
