@@ -102,8 +102,8 @@ def test_a_group_size_mlx_does_not_take_is_one_line_before_mlx(cli, gguf, tmp_pa
 def test_a_group_size_wider_than_some_rows_quantizes_the_others(cli, gguf, tmp_path):
     r = cli("convert", gguf, "out", "--q-bits", "4", "--q-group-size", "128")  # the tiny model's rows are 64 wide
     assert r.returncode == 0, r.stderr
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["quantization"] == {"group_size": 128, "bits": 4}
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["quantization"] == {"group_size": 128, "bits": 4}
     assert models.load(str(tmp_path / "out")).model is not None
 
 
@@ -217,11 +217,11 @@ def test_an_empty_model_name_is_one_line_naming_the_flag_or_file(cli, tmp_path, 
 # ---- item 9: a broken model folder: one line naming the file, before the weights load ---------------------------
 
 def _edit_config(folder, **changes):
-    config = json.loads((folder / "config.json").read_text())
-    config.update(changes)
+    doc = json.loads((folder / "config.json").read_text())
+    doc.update(changes)
     for key in [k for k, v in changes.items() if v is None]:
-        del config[key]
-    (folder / "config.json").write_text(json.dumps(config))
+        del doc[key]
+    (folder / "config.json").write_text(json.dumps(doc))
 
 
 def _other_tokenizer(folder):
