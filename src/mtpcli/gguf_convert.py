@@ -203,8 +203,8 @@ def check_output(dst: Path) -> None:
         raise ModelError(f"cannot read {dst}: {e.strerror or e}") from None
     if names and not ours:
         extra = sorted(names - OUTPUT_FILES) or sorted(names)
-        raise UsageError(f"{dst}: not empty and not an earlier `mtpcli convert` output (it holds {extra[0]!r}); "
-                         "give a new or empty folder")
+        raise UsageError(f"{dst}: not empty, and not marked as an earlier `mtpcli convert` output (it holds "
+                         f"{extra[0]!r}); give a new or empty folder")
 
 
 def header(path: Path) -> dict | None:
