@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import EXIT_RUNTIME, UsageError
+from ..errors import EXIT_RUNTIME, MtpError, UsageError
 
 # what each launcher sets in the ranks' environment (the backend mx.distributed.init(backend="any") will pick)
 _BACKEND_ENV = (("NCCL_HOST_IP", "nccl"), ("MLX_JACCL_COORDINATOR", "jaccl"), ("MLX_IBV_DEVICES", "jaccl"),
@@ -133,9 +133,15 @@ def setup(cfg, several: bool) -> Group | Solo:
             print(f"mtpcli: note: --distributed {cfg.distributed} only acts under mlx.launch (mtpcli launch -n N -- "
                   "generate ...); decoding in this one process", file=sys.stderr)
         return Solo()
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile) and not open(hostfile).read().strip():
+        return Solo()  # mlx.launch's ring over one host (-n 1) writes an empty hostfile, which MLX cannot parse
     import mlx.core as mx
 
-    group = mx.distributed.init()
+    try:
+        group = mx.distributed.init()
+    except RuntimeError as e:
+        raise MtpError(f"cannot join the group of ranks ({backend_name()} backend): {e}", EXIT_RUNTIME) from None
     if group.size() == 1:
         return Solo()
     mode = cfg.distributed if cfg.distributed != "auto" else "data" if several else "tensor"
