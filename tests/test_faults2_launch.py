@@ -2,6 +2,7 @@
 launcher starts; a job of one rank runs; no traceback from mlx.launch or the rank wrapper; Ctrl-C ends the job with
 rank 0's last words relayed; mlx.launch's own lines without colour under NO_COLOR."""
 
+import json
 import os
 import select
 import shutil
@@ -78,7 +79,7 @@ def test_ctrl_c_ends_the_job_with_rank_0s_statistics_and_no_traceback(qwen, tmp_
     p = subprocess.Popen([sys.executable, "-m", "mtpcli", "launch", "-n", "2", "--backend", "ring", "--",
                           "generate", "-m", str(qwen), "-p", "the sea is ", "--temp", "0", "--max-tokens", "4000",
                           "--draft", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                         cwd=tmp_path, env={**os.environ, "MTPCLI_NO_LOG": "1", "PYTHONPATH": os.pathsep.join(sys.path)})
+                         cwd=tmp_path, env={**os.environ, "MTPCLI_NO_LOG": "1"})
     try:
         assert select.select([p.stdout], [], [], 120)[0] and p.stdout.read(1)  # rank 0 is decoding
         p.send_signal(signal.SIGINT)
@@ -90,3 +91,87 @@ def test_ctrl_c_ends_the_job_with_rank_0s_statistics_and_no_traceback(qwen, tmp_
     assert p.returncode == 130 and "Traceback" not in err, err
     assert "generated_tokens:" in err and "mtpcli: interrupted after" in err  # relayed, not lost with mlx.launch
     assert "mtpcli: error" not in err, err  # the ranks ended as asked: no rank is named as failing
+
+
+# ---- what a terminal shows (item 10): tables wrap, never cut; paths told apart; no view pools models -------------
+
+QWEN = "/root/.cache/mtpcli/models/mlx-community--Qwen2.5-Coder-1.5B-Instruct-"  # two models that differ at the end
+
+
+def _shown(monkeypatch, columns, draw) -> str:
+    """What `draw()` prints on a terminal of `columns` columns (rich's colours taken out)."""
+    import io
+    import re
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    with monkeypatch.context() as m:
+        m.setenv("COLUMNS", str(columns))
+        m.setattr(sys, "stdout", Terminal())
+        draw()
+        out = sys.stdout.getvalue()
+    return re.sub(r"\x1b\[[0-9;]*m", "", out)
+
+
+def _cells(out: str, column: int, key: int = 0) -> list[str]:
+    """One column's cells, each joined over the lines it wraps to (a row starts where column `key`, one that does not
+    wrap, has text)."""
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.strip("│").split("│")]
+            if cells[key] or not rows:
+                rows.append("")
+            rows[-1] += cells[column]
+    return rows
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_model_paths_that_differ_near_the_end_stay_apart_at_80_and_120_columns(monkeypatch, columns):
+    from test_ux_stats import fake
+
+    from mtpcli import report, runlog
+
+    for i, model in enumerate([QWEN + "4bit", QWEN + "8bit", "smollm2-135m"]):
+        runlog.append_safely(**fake(i, "exact", model))
+    want = ["…/mlx-community--Qwen2.5-Coder-1.5B-Instruct-4bit",
+            "…/mlx-community--Qwen2.5-Coder-1.5B-Instruct-8bit", "smollm2-135m"]
+    last = _shown(monkeypatch, columns, lambda: report.show(last=5))
+    assert _cells(last, 3) == want and "…" not in last.replace("…/", ""), last  # wrapped, nothing cut
+    by = _shown(monkeypatch, columns, lambda: report.show(by="model"))
+    assert _cells(by, 0, key=1) == want and "…" not in by.replace("…/", ""), by
+    cmp = _shown(monkeypatch, columns, lambda: report.show(compare=["1", "2"]))
+    assert [_cells(cmp, i, key=3)[0] for i in (0, 1, 2)] == ["model", *want[:2]], cmp
+    assert json.loads(_shown(monkeypatch, columns, lambda: report.show(last=5, as_json=True)))[0]["model"] == \
+        QWEN + "4bit"  # (JSON: the whole path)
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_bench_table_wraps_and_keeps_its_headers(monkeypatch, columns):
+    from mtpcli import bench
+
+    m = {"median": 28.31, "min": 27.9, "max": 29.1}
+    arm = {"decode_tps": m, "ratio": 1.0, "tokens_per_cycle": m, "acceptance_rate": m, "prefill_tps": m, "ttft_s": m,
+           "peak_memory_bytes": 2**30}
+    out = _shown(monkeypatch, columns, lambda: bench.render({"arms": [{**arm, "arm": "ar (plain)"},
+                                                                      {**arm, "arm": "tree-12 (draft model)"}]}))
+    header = "".join(line.strip("┃").split("┃")[1] for line in out.splitlines() if line.startswith("┃"))
+    assert "…" not in out and header.replace(" ", "") == "decodetok/smedian[min-max]", out  # (was read as markup)
+    rows = [[c.replace(" ", "") for c in _cells(out, i, key=2)] for i in (0, 1)]  # (spaces: where lines wrapped)
+    assert rows == [["ar(plain)", "tree-12(draftmodel)"], ["28.31[27.90-29.10]"] * 2], out
+
+
+def test_no_view_pools_the_runs_of_several_models(cli):
+    from test_ux_stats import _one_error_line, fake
+
+    from mtpcli import runlog
+
+    for r in (fake(0, "a", "smol", tps=50), fake(1, "a", "tiny", tps=900), fake(2, "b", "smol", tps=100)):
+        runlog.append_safely(**r)
+    for view in (("--by", "profile"), ("--by", "draft"), ("--by", "source"), ("--compare", "a", "--compare", "b")):
+        _one_error_line(cli("stats", *view), view[0], "span models smol, tiny", "--model")
+    by = json.loads(cli("stats", "--by", "profile", "--model", "smol", "--json").stdout)
+    assert {k: g["median_decode_tps"] for k, g in by.items()} == {"a": 50, "b": 100}  # the tiny run not pooled in
+    assert set(json.loads(cli("stats", "--by", "model", "--json").stdout)) == {"smol", "tiny"}
