@@ -45,6 +45,9 @@ def test_a_job_of_one_rank_decodes_as_one_process(cli, qwen):
 
 def test_an_unknown_command_is_one_line_before_the_launcher_starts(cli):
     _one_error_line(cli("launch", "-n", "2", "--", "nonexistent", timeout=60), "'nonexistent'", "generate", "PATH")
+    r = cli("launch", "-n", "2", "--", "./nonexistent", timeout=60)  # a path (--cwd may move it): each rank says so
+    err = r.stderr.decode()
+    assert r.returncode == 127 and "Traceback" not in err and "rank 1: cannot run ./nonexistent" in err, err
 
 
 @pytest.mark.parametrize("program, code", [("nonexistent", 127), ("/etc/passwd", 126)])

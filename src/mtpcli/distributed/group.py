@@ -133,9 +133,8 @@ def setup(cfg, several: bool) -> Group | Solo:
             print(f"mtpcli: note: --distributed {cfg.distributed} only acts under mlx.launch (mtpcli launch -n N -- "
                   "generate ...); decoding in this one process", file=sys.stderr)
         return Solo()
-    hostfile = os.environ.get("MLX_HOSTFILE")
-    if hostfile and os.path.isfile(hostfile) and not open(hostfile).read().strip():
-        return Solo()  # mlx.launch's ring over one host (-n 1) writes an empty hostfile, which MLX cannot parse
+    if _one_host():
+        return Solo()
     import mlx.core as mx
 
     try:
@@ -150,6 +149,15 @@ def setup(cfg, several: bool) -> Group | Solo:
     if not g.root and not isinstance(sys.stderr, _RankStderr):  # rank 0 alone writes stdout and the statistics
         sys.stdout, sys.stderr = open(os.devnull, "w"), _RankStderr(g.rank, sys.stderr)
     return g
+
+
+def _one_host() -> bool:
+    """A ring of one host (mtpcli launch -n 1): mlx.launch writes it an empty hostfile, which MLX cannot parse."""
+    path = os.environ.get("MLX_HOSTFILE")
+    if not path or not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return not f.read().strip()
 
 
 class _RankStderr(io.TextIOBase):

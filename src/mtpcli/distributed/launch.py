@@ -45,7 +45,8 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         command = [py, "-m", "mtpcli", *command]
     elif python:
         command = [python, *command]
-    elif not hosts and not hostfile and not shutil.which(command[0]):  # (on other hosts, rank.py says so)
+    elif "/" not in command[0] and not hosts and not hostfile and not shutil.which(command[0]):
+        # (not for a path, which --cwd may move, nor on other hosts: there rank.py says it cannot run the command)
         raise UsageError(f"mtpcli launch: {command[0]!r} is neither an mtpcli command ({', '.join(sorted(commands))}) "
                          "nor a program on PATH")
     local = not hosts and not hostfile and backend in (None, "ring") and not any(
