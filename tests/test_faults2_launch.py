@@ -35,6 +35,11 @@ def test_an_empty_host_name_is_one_line_naming_hosts(cli, qwen, hosts):
                     f"--hosts {hosts!r}")
 
 
+@pytest.mark.parametrize("args", [("--hosts", "foo,bar"), ("-n", "2", "--connections-per-ip", "x")])
+def test_what_mlx_launch_refuses_is_one_line_without_its_usage(cli, args):
+    _one_error_line(cli("launch", *args, "--", "true", timeout=60), "mtpcli: error: mlx.launch: ")
+
+
 def test_a_job_of_one_rank_decodes_as_one_process(cli, qwen):
     """mlx.launch writes an empty hostfile for one host, which mx.distributed.init cannot parse: a group of one."""
     args = ("generate", "-p", "the sea is ", "--model", qwen, "--temp", "0", "--max-tokens", "12", "--draft", "none")

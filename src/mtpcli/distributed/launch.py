@@ -138,14 +138,20 @@ def _fill(pipe) -> None:
 
 
 def _relay(stream, statuses: dict, started: set) -> None:
-    """Copy the ranks' stderr to ours line by line, taking out the status lines of rank.py, and the colour of
-    mlx.launch's own lines under NO_COLOR or off a terminal."""
-    out, mark = sys.stderr.buffer, MARK.encode()
+    """Copy the ranks' stderr to ours line by line, taking out the status lines of rank.py, the colour of
+    mlx.launch's own lines under NO_COLOR or off a terminal, and the usage that its refusals print (their one line
+    of error is ours)."""
+    out, mark, usage = sys.stderr.buffer, MARK.encode(), False
     plain = bool(os.environ.get("NO_COLOR")) or not sys.stderr.isatty()
     for line in stream:
         line, found, status = line.rstrip(b"\n").partition(mark)
         if plain:
             line = _LOG.sub(rb"\1", line)
+        if not started and (line.startswith(b"usage: mlx.launch") or usage and line.startswith(b" ")):
+            usage = True
+            continue
+        if line.startswith(b"mlx.launch: error: "):
+            line = b"mtpcli: error: mlx.launch: " + line.removeprefix(b"mlx.launch: error: ")
         parts = status.decode(errors="replace").split()
         if parts[1:] == ["started"] and parts[0].isdigit():
             started.add(int(parts[0]))
