@@ -40,16 +40,17 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     if backend == "mpi" and not shutil.which("mpirun"):  # (mlx.launch would end in a traceback)
         raise UsageError("--backend mpi: no mpirun on PATH; install Open MPI, or choose --backend ring")
     runner = shutil.which("mlx.launch") or os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    here = not hosts and not hostfile  # every rank on this machine (no ssh)
     py = python or sys.executable  # the Python that runs mtpcli (and so the rank wrapper) on every host
     if command[0] in commands:  # an mtpcli command: every rank runs `python -m mtpcli ...`
         command = [py, "-m", "mtpcli", *command]
     elif python:
         command = [python, *command]
-    elif "/" not in command[0] and not hosts and not hostfile and not shutil.which(command[0]):
+    elif "/" not in command[0] and here and not shutil.which(command[0]):
         # (not for a path, which --cwd may move, nor on other hosts: there rank.py says it cannot run the command)
         raise UsageError(f"mtpcli launch: {command[0]!r} is neither an mtpcli command ({', '.join(sorted(commands))}) "
                          "nor a program on PATH")
-    local = not hosts and not hostfile and backend in (None, "ring") and not any(
+    local = here and backend in (None, "ring") and not any(
         x in ("-p", "--starting-port") or x.startswith("--starting-port=") for x in extra)
     if local and n > 1:  # ranks on this machine only: ports nobody else uses (MLX's default is one fixed port),
         extra = [*extra, "--starting-port", str(free_ports(n))]  # and the cores shared out between the ranks' BLAS
@@ -60,9 +61,11 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         if value:
             argv += [flag, value]
     argv += [*extra, "--", py, "-m", "mtpcli.distributed.rank", *command]  # (mlx.launch's --python: not for mpi)
-    # mlx.launch starts with Ctrl-C ignored (the SIGINT we pass on to its group): it goes on relaying what the ranks
-    # print as they end instead of dying in a traceback of its own (rank.py gives its command the default back)
-    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ranks here: mlx.launch starts with Ctrl-C ignored (the SIGINT we pass on to its group), and goes on relaying
+    # what they print as they end instead of dying in a traceback of its own (rank.py gives its command the default
+    # back). Not over ssh, which would inherit it, nor for mpirun: each ends its ranks on a SIGINT.
+    sigint = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if here and backend != "mpi" else sigint)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
