@@ -152,8 +152,9 @@ def test_model_paths_that_differ_near_the_end_stay_apart_at_80_and_120_columns(m
     assert _cells(by, 0, key=1) == want and "…" not in by.replace("…/", ""), by
     cmp = _shown(monkeypatch, columns, lambda: report.show(compare=["1", "2"]))
     assert [_cells(cmp, i, key=3)[0] for i in (0, 1, 2)] == ["model", *want[:2]], cmp
-    assert json.loads(_shown(monkeypatch, columns, lambda: report.show(last=5, as_json=True)))[0]["model"] == \
-        QWEN + "4bit"  # (JSON: the whole path)
+    as_json = [_shown(monkeypatch, columns, lambda: report.show(**view, as_json=True)) for view in (
+        {"last": 5}, {"compare": ["1", "2"]})]  # on a terminal too: the whole path
+    assert json.loads(as_json[0])[0]["model"] == json.loads(as_json[1])["rows"][0][1] == QWEN + "4bit"
 
 
 @pytest.mark.parametrize("columns", [80, 120])

@@ -150,14 +150,14 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         if not records:
             filters = " (with --since, --model, --profile)" if since or model or profile else ""
             raise UsageError(f"--run {run}: no such run in the run log{filters}; `mtpcli stats --last 10` lists ids")
-    shown = short_paths([str(r["model"]) for r in records]) if sys.stdout.isatty() else {}  # (the JSON: whole)
-    name = lambda model: shown.get(model, model)  # noqa: E731
     if export:
         if export != "jsonl":
             raise UsageError(f"--export {export!r}: the only format is jsonl")
         for r in records:
             print(json.dumps(r))
         return
+    shown = short_paths([str(r["model"]) for r in records]) if not as_json and sys.stdout.isatty() else {}
+    name = lambda model: shown.get(model, model)  # noqa: E731  (a table's model: JSON keeps the whole path)
     if compare:
         if len(compare) != 2:
             raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
