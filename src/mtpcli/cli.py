@@ -112,7 +112,7 @@ def launch(
             extra.append(args.pop(0))
     if args and args[0] == "--":
         args.pop(0)
-    commands = {c.name or c.callback.__name__ for c in app.registered_commands}
+    commands = {c.name or c.callback.__name__ for c in [*app.registered_commands, *app.registered_groups]}
     raise typer.Exit(run_launch(n, hosts, hostfile, backend, python, extra, args, commands))
 
 

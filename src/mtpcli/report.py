@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import UsageError
-from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, table
+from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, short_paths, table
 from .plot import plot
 from .writers import check_writable
 
@@ -58,11 +58,21 @@ def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
                    "time_share": st.seconds / total_s if total_s > 0 else 0.0} for name, st in plain_last(pooled)}
 
 
+def one_model(records: list[dict], view: str) -> None:
+    """The one rule of every view that pools runs (medians, rates): over runs of several models it compares nothing,
+    and is refused, naming the models."""
+    spanned = sorted({str(r["model"]) for r in records})
+    if len(spanned) > 1:
+        raise UsageError(f"{view}: the runs span models {', '.join(spanned)}; pick one with --model")
+
+
 def group_by(records: list[dict], field: str) -> dict[str, dict[str, Any]]:
+    if field not in ("profile", "model", "draft", "source"):
+        raise UsageError(f"--by {field!r}: choose profile, model, draft or source")
+    if field != "model":
+        one_model(records, f"--by {field}")
     if field == "source":
         return by_source(records)
-    if field not in ("profile", "model", "draft"):
-        raise UsageError(f"--by {field!r}: choose profile, model, draft or source")
     groups: dict[str, list[dict]] = {}
     for r in records:
         groups.setdefault(str(r[field]), []).append(r)
@@ -146,6 +156,8 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         for r in records:
             print(json.dumps(r))
         return
+    shown = short_paths([str(r["model"]) for r in records]) if not as_json and sys.stdout.isatty() else {}
+    name = lambda model: shown.get(model, model)  # noqa: E731  (a table's model: JSON keeps the whole path)
     if compare:
         if len(compare) != 2:
             raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
@@ -153,22 +165,21 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         sides = [[r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)] for key in compare]
         if (empty := next((key for key, side in zip(compare, sides) if not side), None)) is not None:
             raise UsageError(f"--compare {empty}: no matching runs in the log")
-        spanned = sorted({str(r["model"]) for side in sides for r in side})
-        if len(spanned) > 1 and not by_id:  # medians of different models' runs together compare nothing
-            raise UsageError(f"--compare {compare[0]} --compare {compare[1]}: the runs span models "
-                             f"{', '.join(spanned)}; pick one with --model")
-        models_ = [str(side[0]["model"]) for side in sides]  # (two run ids: one run a side, each its own model)
+        if not by_id:  # (two run ids: one run a side, each its own model)
+            one_model(sides[0] + sides[1], f"--compare {compare[0]} --compare {compare[1]}")
+        models_ = [name(str(side[0]["model"])) for side in sides]
         rows = [["model", *models_, None], *compare_rows(*(aggregate(s) for s in sides))]
         doc, headers = {"a": compare[0], "b": compare[1], "rows": rows}, ["metric", *compare, "ratio B/A"]
     elif by:
-        doc = group_by(records, by)
-        headers, rows = [by, *next(iter(doc.values()))], [[name, *g.values()] for name, g in doc.items()]
+        doc = group_by(records, by)  # (headers in words, which a narrow column wraps)
+        headers = [by, *(k.replace("_", " ") for k in next(iter(doc.values())))]
+        rows = [[name(key) if by == "model" else key, *g.values()] for key, g in doc.items()]
     elif last:
         doc = records
         headers = ["id", "time", "profile", "model", "law", "tokens", "tokens/cycle", "acceptance", "decode tok/s"]
-        rows = [[r["id"], datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S"), r["profile"], r["model"],
-                 r["settings"].get("law"), r["stats"]["generated_tokens"], r["stats"]["tokens_per_cycle"],
-                 r["stats"]["acceptance_rate"], r["stats"]["decode_tps"]] for r in doc]
+        rows = [[r["id"], datetime.fromtimestamp(r["time"]).strftime("%Y-%m-%d %H:%M:%S"), r["profile"],
+                 name(r["model"]), r["settings"].get("law"), r["stats"]["generated_tokens"],
+                 r["stats"]["tokens_per_cycle"], r["stats"]["acceptance_rate"], r["stats"]["decode_tps"]] for r in doc]
     else:  # the last run, or the one --run picked (none of the views above goes with --run)
         r = records[-1]
         return _show_run(r["stats"], as_json, plot, run_title(r, r["stats"], "mtpcli run"), f"run {r['id']}")

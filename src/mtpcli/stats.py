@@ -211,12 +211,13 @@ def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: Tex
     if tty:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(title=title, title_justify="left", show_header=headers is not None)
         for i, h in enumerate(headers or ("", "")):  # without headers: the keys' column in bold cyan
-            t.add_column(h, style="bold cyan" if headers is None and i == 0 else None)
-        for r in cells:
-            t.add_row(*r)
+            t.add_column(Text(h), style="bold cyan" if headers is None and i == 0 else None, overflow="fold")  # (wraps)
+        for r in cells:  # (Text: no cell or header is read as markup, which dropped bench's "[min-max]")
+            t.add_row(*map(Text, r))
         Console(file=out, force_terminal=True).print(t)
     elif headers is None:
         for k, v in cells:
@@ -227,6 +228,18 @@ def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: Tex
             print(title, file=out)
         for r in [[str(h) for h in headers], *cells]:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+
+
+def short_paths(values: Sequence[str]) -> dict[str, str]:
+    """Each distinct value as a table shows it: a path cut to the fewest last components that tell it apart from the
+    others ('…/' marks the cut), so that rows of models in the same folder differ where their paths do."""
+    parts = {v: v.rstrip("/").split("/") for v in set(values)}
+    out = {}
+    for v, p in parts.items():
+        k = next((k for k in range(1, len(p)) if all(q[-k:] != p[-k:] for u, q in parts.items() if u != v)), len(p))
+        short = "…/" + "/".join(p[-k:])
+        out[v] = short if len(short) < len(v) else v
+    return out
 
 
 def _fmt(x: Any) -> str:

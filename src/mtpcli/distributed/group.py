@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import EXIT_RUNTIME, UsageError
+from ..errors import EXIT_RUNTIME, MtpError, UsageError
 
 # what each launcher sets in the ranks' environment (the backend mx.distributed.init(backend="any") will pick)
 _BACKEND_ENV = (("NCCL_HOST_IP", "nccl"), ("MLX_JACCL_COORDINATOR", "jaccl"), ("MLX_IBV_DEVICES", "jaccl"),
@@ -133,9 +133,14 @@ def setup(cfg, several: bool) -> Group | Solo:
             print(f"mtpcli: note: --distributed {cfg.distributed} only acts under mlx.launch (mtpcli launch -n N -- "
                   "generate ...); decoding in this one process", file=sys.stderr)
         return Solo()
+    if _one_host():
+        return Solo()
     import mlx.core as mx
 
-    group = mx.distributed.init()
+    try:
+        group = mx.distributed.init()
+    except RuntimeError as e:
+        raise MtpError(f"cannot join the group of ranks ({backend_name()} backend): {e}", EXIT_RUNTIME) from None
     if group.size() == 1:
         return Solo()
     mode = cfg.distributed if cfg.distributed != "auto" else "data" if several else "tensor"
@@ -144,6 +149,15 @@ def setup(cfg, several: bool) -> Group | Solo:
     if not g.root and not isinstance(sys.stderr, _RankStderr):  # rank 0 alone writes stdout and the statistics
         sys.stdout, sys.stderr = open(os.devnull, "w"), _RankStderr(g.rank, sys.stderr)
     return g
+
+
+def _one_host() -> bool:
+    """A ring of one host (mtpcli launch -n 1): mlx.launch writes it an empty hostfile, which MLX cannot parse."""
+    path = os.environ.get("MLX_HOSTFILE")
+    if not path or not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return not f.read().strip()
 
 
 class _RankStderr(io.TextIOBase):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ from ..errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_TERMINATED, UsageError
 from .rank import GRACE, MARK
 
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # what mlx.launch accepts
+_LOG = re.compile(rb"\x1b\[3\dm(\[(?:INFO|WARN|ERROR)\] .*?) ?\x1b\[0m")  # mlx.launch's own lines, in colour
 KILL_AFTER = GRACE + 2.0  # seconds a rank has to end once the job is ending (rank.py kills its command after GRACE)
 
 
@@ -26,19 +28,29 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
            extra: list[str], command: list[str], commands: set[str]) -> int:
     if not command:
         raise UsageError("mtpcli launch: give the command after --, e.g. mtpcli launch -n 2 -- generate -p 'hi'")
+    if hosts is not None and not all(h.strip() for h in hosts.split(",")):
+        raise UsageError(f"--hosts {hosts!r}: an empty host name; give comma-separated hosts, e.g. "
+                         "--hosts 192.168.1.2,192.168.1.3")
     if hosts and hostfile:
         raise UsageError("mtpcli launch: give --hosts or --hostfile, not both")
     if hostfile and not os.path.isfile(hostfile):
         raise UsageError(f"--hostfile {hostfile}: no such file")
     if backend is not None and backend not in BACKENDS:
         raise UsageError(f"--backend {backend}: not a backend of mlx.launch; choose one of {', '.join(BACKENDS)}")
+    if backend == "mpi" and not shutil.which("mpirun"):  # (mlx.launch would end in a traceback)
+        raise UsageError("--backend mpi: no mpirun on PATH; install Open MPI, or choose --backend ring")
     runner = shutil.which("mlx.launch") or os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    here = not hosts and not hostfile  # every rank on this machine (no ssh)
     py = python or sys.executable  # the Python that runs mtpcli (and so the rank wrapper) on every host
     if command[0] in commands:  # an mtpcli command: every rank runs `python -m mtpcli ...`
         command = [py, "-m", "mtpcli", *command]
     elif python:
         command = [python, *command]
-    local = not hosts and not hostfile and backend in (None, "ring") and not any(
+    elif "/" not in command[0] and here and not shutil.which(command[0]):
+        # (not for a path, which --cwd may move, nor on other hosts: there rank.py says it cannot run the command)
+        raise UsageError(f"mtpcli launch: {command[0]!r} is neither an mtpcli command ({', '.join(sorted(commands))}) "
+                         "nor a program on PATH")
+    local = here and backend in (None, "ring") and not any(
         x in ("-p", "--starting-port") or x.startswith("--starting-port=") for x in extra)
     if local and n > 1:  # ranks on this machine only: ports nobody else uses (MLX's default is one fixed port),
         extra = [*extra, "--starting-port", str(free_ports(n))]  # and the cores shared out between the ranks' BLAS
@@ -49,10 +61,17 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         if value:
             argv += [flag, value]
     argv += [*extra, "--", py, "-m", "mtpcli.distributed.rank", *command]  # (mlx.launch's --python: not for mpi)
+    # Ranks here: mlx.launch starts with Ctrl-C ignored (the SIGINT we pass on to its group), and goes on relaying
+    # what they print as they end instead of dying in a traceback of its own (rank.py gives its command the default
+    # back). Not over ssh, which would inherit it, nor for mpirun: each ends its ranks on a SIGINT.
+    sigint = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if here and backend != "mpi" else sigint)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
         raise UsageError(f"mtpcli launch: cannot run MLX's launcher ({runner}): {e.strerror or e}") from None
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     threading.Thread(target=_fill, args=(proc.stdin,), daemon=True).start()
     statuses, started = {}, set()  # rank -> (exit code or -signal, stopped by the launcher?); the ranks that started
     relay = threading.Thread(target=_relay, args=(proc.stderr, statuses, started))
@@ -61,6 +80,8 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
     relay.join()
     if statuses:  # (a rank the deadline killed, or one that ended without a status, is never a success)
         lost = ", ".join(map(str, sorted(started - set(statuses))))
+        if interrupted and not lost and all(c in (0, interrupted, 128 - interrupted) for c, _ in statuses.values()):
+            return interrupted  # every rank ended as the signal passed on to it asks (rank 0's own line says so)
         if (code := worst(statuses) or interrupted or (EXIT_RUNTIME if killed else 0)) or not lost:
             return code
         print(f"mtpcli: error: rank {lost} ended without a status (killed from outside?)", file=sys.stderr, flush=True)
@@ -120,10 +141,20 @@ def _fill(pipe) -> None:
 
 
 def _relay(stream, statuses: dict, started: set) -> None:
-    """Copy the ranks' stderr to ours line by line, taking out the status lines of rank.py."""
-    out, mark = sys.stderr.buffer, MARK.encode()
+    """Copy the ranks' stderr to ours line by line, taking out the status lines of rank.py, the colour of
+    mlx.launch's own lines under NO_COLOR or off a terminal, and the usage that its refusals print (their one line
+    of error is ours)."""
+    out, mark, usage = sys.stderr.buffer, MARK.encode(), False
+    plain = bool(os.environ.get("NO_COLOR")) or not sys.stderr.isatty()
     for line in stream:
         line, found, status = line.rstrip(b"\n").partition(mark)
+        if plain:
+            line = _LOG.sub(rb"\1", line)
+        if not started and (line.startswith(b"usage: mlx.launch") or usage and line.startswith(b" ")):
+            usage = True
+            continue
+        if line.startswith(b"mlx.launch: error: "):
+            line = b"mtpcli: error: mlx.launch: " + line.removeprefix(b"mlx.launch: error: ")
         parts = status.decode(errors="replace").split()
         if parts[1:] == ["started"] and parts[0].isdigit():
             started.add(int(parts[0]))

@@ -19,7 +19,15 @@ GRACE = 3.0
 def main(argv: list[str]) -> int:
     rank = next((os.environ[k] for k in ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if k in os.environ), "?")
     os.write(2, f"{MARK} {rank} started\n".encode())
-    child = subprocess.Popen(argv)
+    # The launcher starts mlx.launch with SIGINT ignored, which CMD would inherit: it gets the default back, so that
+    # Ctrl-C reaches it (preexec_fn is safe here: this process has started no thread yet)
+    try:
+        child = subprocess.Popen(argv, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    except OSError as e:  # no such program (on this host), or not executable: what a shell reports, 127 or 126
+        code = 126 if isinstance(e, PermissionError) else 127
+        os.write(2, f"mtpcli: error: rank {rank}: cannot run {argv[0]}: {e.strerror or e}\n"
+                    f"{MARK} {rank} exit {code} own\n".encode())
+        return code
     stopped = threading.Event()
 
     def stop(signum, _frame):
