@@ -4,14 +4,12 @@ the `history` commands."""
 
 import json
 import multiprocessing as mp
-import os
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtpcli import history
 from mtpcli.drafters import Draft
 from mtpcli.drafters import history as hd
 from mtpcli.drafters.history import OUT, Corpus, HistoryDrafter, Own, continuation, match_lengths

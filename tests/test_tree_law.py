@@ -66,7 +66,10 @@ def run(sp, sampled: bool, wrong: bool, seed: int = 0):
     ctx, rng = (1, 2), np.random.default_rng(seed)
     trees = [draft_tree(ctx, sp, rng, sampled) for _ in range(N)]
     width = max(len(t[0]) for t in trees)
-    pad = lambda a, fill: np.array([list(x) + [fill] * (width - len(x)) for x in a])
+
+    def pad(a, fill):
+        return np.array([list(x) + [fill] * (width - len(x)) for x in a])
+
     tokens, parents = pad([t[0] for t in trees], 0), pad([t[1] for t in trees], -1)
     shape = Shape.of(parents)
     paths = [[[tokens[b][j - 1] for j in shape.path(b, pos)] for pos in range(width + 1)] for b in range(N)]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mtpcli import verify
-from mtpcli.sampling import SamplingParams, probs, sample
+from mtpcli.sampling import SamplingParams, probs
 from stattools import fits
 
 

@@ -4,7 +4,6 @@ sizes and `models rm`, status lines on a terminal only, and why a --draft-model 
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
