@@ -1,7 +1,7 @@
 """EAGLE-3 draft heads (issue 35): tiny checkpoints of the published layout, loading and refusal, the first and second
 token distributed as the target's at T = 1 and T = 0.7 with top-k (chains, a batch, a tree) beside a negative
 control, and greedy identity with --draft none on a full-attention and a sliding-window target, one row and a
-ragged batch. The heads are trained for a few seconds by bench/train_eagle3.py on the tiny target's own samples, so
+ragged batch. The heads are trained for a few seconds by tools/train_eagle3.py on the tiny target's own samples, so
 their drafts pass often enough for both paths of the law to be exercised."""
 
 import json
@@ -23,7 +23,7 @@ from stattools import fits
 from helpers import collect, copies, run, target_marginals
 from tiny import make_eagle3_head, make_model, make_windowed_model
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from train_eagle3 import save, train  # noqa: E402
 
 PROMPT = "def f(x):"

@@ -8,7 +8,7 @@ the `--draft-vocab` most frequent tokens of the training text) with training-tim
 output of step k - 1 with the next teacher token, at RoPE position t + k, attending to step 0's keys up to t and to
 its own earlier steps at t only; step k's loss is weighted 0.8^k.
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python bench/train_eagle3.py --model smollm2-135m \
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python tools/train_eagle3.py --model smollm2-135m \
         --out /tmp/smol-eagle3 --minutes 20      (on a CPU: OpenBLAS preloaded, as mtpcli does for itself)
 
 Text: Python's standard library (*.py) and /usr/share/doc (plain-text files), by default."""
