@@ -33,6 +33,8 @@ import random
 from pathlib import Path
 from statistics import geometric_mean
 
+import jsonfile
+
 TOP_P = 0.95
 
 
@@ -75,7 +77,7 @@ def load(paths: list[str]) -> dict:
     """Records of one or more files, each prompt named by its file and temperature."""
     data = {}
     for path in paths:
-        for name, r in json.load(open(path)).items():
+        for name, r in jsonfile.load(path).items():
             data[f"{name}@T{r.get('temp', 0):g}"] = r
     return data
 
