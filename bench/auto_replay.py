@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 from pathlib import Path
 from statistics import geometric_mean
+
+import jsonfile
 
 TOP_P = 0.95
 
@@ -76,7 +77,7 @@ def load(paths: list[str]) -> dict:
     """Records of one or more files, each prompt named by its file and temperature."""
     data = {}
     for path in paths:
-        for name, r in json.load(open(path)).items():
+        for name, r in jsonfile.load(path).items():
             data[f"{name}@T{r.get('temp', 0):g}"] = r
     return data
 
@@ -287,7 +288,7 @@ def compare(args) -> None:
         means = {a: geometric_mean(per[a].values()) for a in arms}
         best_arm = max(["plain"] + arms[1:], key=lambda a: 1.0 if a == "plain" else means[a])
         best = 1.0 if best_arm == "plain" else means[best_arm]
-        print(f"\ngeometric means against plain: " + ", ".join(f"{a} {m:.3f}" for a, m in means.items()) +
+        print("\ngeometric means against plain: " + ", ".join(f"{a} {m:.3f}" for a, m in means.items()) +
               f"; auto / best single arm ({best_arm}) {means['auto'] / best:.3f}; auto >= 0.97x the best fixed arm on "
               f"{len(data) - below} of {len(data)} prompts ({(len(data) - below) / len(data):.0%})")
         # the same count for a choice that knows each prompt's class in advance: the fixed arm (plain included)

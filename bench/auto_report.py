@@ -7,10 +7,11 @@ mean of auto's per-class ratio to each arm.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import defaultdict
+
+import jsonfile
 
 
 def pool(runs: list[dict]) -> list[dict]:
@@ -33,7 +34,7 @@ def pool(runs: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    files = [json.load(open(f)) for f in sys.argv[1:]]  # several rounds: each arm's tokens over its time, pooled
+    files = [jsonfile.load(f) for f in sys.argv[1:]]  # several rounds: each arm's tokens over its time, pooled
     same = {(d["config"]["target"], d["config"]["draft"], d["config"]["max_tokens"]) for d in files}
     assert len(same) == 1, f"rounds of different runs: {same}"
     arms = files[0]["config"]["arms"]

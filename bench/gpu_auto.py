@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_shapes import SHAPES, model  # noqa: E402
+from gpu_shapes import model  # noqa: E402
 
 from mtpcli.controller import FixedWidth  # noqa: E402
 from mtpcli.drafters import Draft, Drafter, empty  # noqa: E402

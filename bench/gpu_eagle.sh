@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An EAGLE-3 head for SmolLM2-135M (4-bit), trained and measured on the lent NVIDIA H200 (docs/perf/eagle3.md).
 # Staging (../shared/gpu.md): earlier calls on the same warm machine copied .gpu1/part.aa and .gpum1, .gpum3, .gpum2
-# (smol4.part.*; smol_tokens.npy: `bench/train_eagle3.py --save-tokens` of the training text; an earlier head to
+# (smol4.part.*; smol_tokens.npy: `tools/train_eagle3.py --save-tokens` of the training text; an earlier head to
 # resume from, optionally) to /root/stash/. Then, one call each, in quick succession:
 #   PHASE=data  bash bench/gpu_eagle.sh   (carries .gpu2: installs; the target answers prompts made of the text)
 #   PHASE=train MINUTES=8 [RESUME=/root/stash/head3] bash bench/gpu_eagle.sh   (the head in parts in $OUT)
@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_eagle_${PHASE}.log") 2>&1
 export PYTHONUNBUFFERED=1 MTPCLI_NO_LOG=1 PYTHONPATH=/root/stash/site:$PWD/src
 S=/root/stash M=/root/stash/m/smol4
-train() { python3 bench/train_eagle3.py --model $M --seq 512 --batch ${BATCH:-64} --lr 1e-3 --dtype bfloat16 "$@"; }
+train() { python3 tools/train_eagle3.py --model $M --seq 512 --batch ${BATCH:-64} --lr 1e-3 --dtype bfloat16 "$@"; }
 install() {  # (carries .gpu2)
     wheel=/tmp/$(cat .gpu2/NAME)
     cat $S/part.aa .gpu2/part.ab > "$wheel" || exit 1
@@ -29,7 +29,7 @@ data)
     install
     # the target answers prompts of one length made of the text, a batch at a time, for DISTILL_SECONDS (kept
     # after every batch: a call cut short keeps what it made)
-    timeout ${DISTILL_LIMIT:-540} python3 bench/train_eagle3.py --model $M --seq 512 --tokens $S/smol_tokens.npy \
+    timeout ${DISTILL_LIMIT:-540} python3 tools/train_eagle3.py --model $M --seq 512 --tokens $S/smol_tokens.npy \
         --fixed-prompts ${PROMPT_LEN:-256} --n-prompts ${PROMPTS:-131072} --answer-tokens ${ANSWER:-256} \
         --distill-batch ${DBATCH:-1024} --distill-seconds ${DISTILL_SECONDS:-400} --save-answers $S/answers.npy \
         --out /tmp/unused

@@ -37,6 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
+import jsonfile
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -87,7 +89,7 @@ def main() -> None:
     if not phases or set(phases) - {"pass1", "pass2", "control"}:
         sys.exit(f"--phases: expected some of pass1,pass2,control, got {args.phases!r}")
     if args.resume:
-        old = json.loads(Path(args.resume).read_text())
+        old = jsonfile.load(args.resume)
         kept = sorted({r["phase"] for r in old["runs"]} - set(phases))
         results["config"]["resumed"] = {"phases": kept, "argv": old["config"]["argv"],
                                         "earlier": old["config"].get("resumed")}

@@ -3,15 +3,16 @@ against every other arm run on the same prompts (n-gram lookup, fixed chains, pl
 then draft = auto over each arm in geometric mean of per-prompt ratios.
 tok/s is the sum of tokens after the first over the sum of their seconds (prompts weigh by their length).
 
-    python bench/history_report.py docs/perf/cpu/history-agent.json
+    python bench/history_report.py docs/perf/cpu/history-agent.json.gz
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
+
+import jsonfile
 
 
 def rate(runs) -> float:
@@ -24,7 +25,7 @@ def tpc(runs) -> float:
 
 
 def main(path: str) -> None:
-    data = json.load(open(path))
+    data = jsonfile.load(path)
     runs = data["runs"]
     pick = lambda phase, arm, tmpl=None, names=None: [  # noqa: E731
         r for r in runs if r["phase"] == phase and r["arm"] == arm and (tmpl is None or r["template"] == tmpl)

@@ -9,6 +9,14 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # several workers (pytest-xdist
         os.environ.setdefault(_var, _threads)
 
 
+def pytest_collection_modifyitems(items):
+    """A test that runs mtpcli as a process (the `cli` fixture) is slow, as are those marked so (other processes,
+    chi-square draws): `-m "not slow"` leaves the quick loop."""
+    for item in items:
+        if "cli" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path, monkeypatch):
     """Every test gets its own config, data and cache homes: no test touches the user's files."""

@@ -5,27 +5,19 @@ they gave to OUT as JSON:
   greedy-tensor-model, greedy-tensor-none, greedy-pipeline-model: 40 greedy tokens of one prompt;
   seeded-tensor-t1: 60 tokens at T = 1, seed 3, drafted by the draft model (the same seed, the same output);
   t1-exact, t1-wrong: N completions of one prompt at T = 1 with a tensor-sharded target and a draft model on rank 0
-  (EOS off, so every row has its first and second token); `wrong` resamples from p instead of the residual (the
-  negative control)."""
+  (EOS off, so every row has its first and second token); `wrong` resamples from p instead of the residual
+  (helpers.resampled_from_p, the negative control)."""
 
 import dataclasses
 import json
 import sys
 
-import mlx.core as mx
-
+from helpers import copies, gather, resampled_from_p
 from mtpcli import config, verify
 from mtpcli.distributed import data, group, sharded
-from mtpcli.engine import Request
 
 N = 2500
 PROMPT = "the sea is "
-
-
-def wrong(p, q, draft, keys, lengths=None, exact=verify.exact):
-    v = exact(p, q, draft, keys, lengths)
-    redo = verify._sample_rows(verify._at(p, v.n_accepted), [mx.random.split(k)[1] for k in keys])
-    return verify.Verdict(v.n_accepted, mx.where(v.n_accepted < draft.shape[-1], redo, v.token))
 
 
 def run(dist, loaded, target, draft_path, n, max_tokens, batch, eos=True, **flags):
@@ -43,9 +35,7 @@ def run(dist, loaded, target, draft_path, n, max_tokens, batch, eos=True, **flag
     if not eos:
         engine.eos = set()
     ids = list(t.tokenizer.encode(PROMPT))
-    outs = [[] for _ in range(n)]
-    for ev in data.watched(dist, engine, [Request(c, ids, max_tokens, cfg.seed, c) for c in range(n)]):
-        outs[ev.request].extend(ev.tokens)
+    outs = gather(data.watched(dist, engine, copies(ids, n, max_tokens, cfg.seed)), n)
     st = engine.stats
     return {"tokens": outs, "acceptance": st.acceptance_rate, "reached": st.reached, "cycles": engine.cycles,
             "messages": dist.messages - messages, "mode": dist.mode, "size": dist.size,
@@ -65,7 +55,7 @@ def main():
     got["seeded-tensor-t1"] = run(tensor, loaded, target, draft, 1, 60, 1, draft="model", temp=1.0, seed=3)
     for law in ("exact", "wrong"):
         if law == "wrong":
-            verify.exact = wrong
+            verify.exact = resampled_from_p
         got[f"t1-{law}"] = run(tensor, loaded, target, draft, N, 3, 250, eos=False, draft="model", temp=1.0)
     if tensor.root:
         with open(out, "w") as f:

@@ -13,12 +13,14 @@ from mtpcli.drafters import Draft
 from mtpcli.drafters.auto import AutoDrafter
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
-from mtpcli.engine import DecodeConfig, Engine, Request
+from mtpcli.engine import DecodeConfig, Engine
 from mtpcli.costs import CostFit, Costs, prior_costs
 from mtpcli.policy import AutoPolicy, fit_shift, shifted
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import N, PROMPTS, target_marginals
+import helpers
+from helpers import N, copies, target_marginals
+from test_engine import PROMPTS
 
 # ---- the policy, without a model ------------------------------------------------------------------------------
 
@@ -357,10 +359,7 @@ def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, s
 
 
 def run(eng, ids, n=1):
-    outs = [[] for _ in range(n)]
-    for ev in eng.generate([Request(c, ids, eng.cfg.max_tokens, eng.cfg.seed, c) for c in range(n)]):
-        outs[ev.request].extend(ev.tokens)
-    return outs
+    return helpers.run(eng, copies(ids, n, eng.cfg.max_tokens, eng.cfg.seed))
 
 
 BOTH = Costs(1.0, {"ngram": 0.02, "model": 0.05})  # both sources pay on the tiny pair
@@ -434,6 +433,7 @@ AUTO_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", AUTO_CASES, ids=str)
 def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     # few candidates for the partial top-p selection, so that some nuclei lie past it and are judged again
@@ -455,6 +455,7 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     assert fits(np.bincount(second, minlength=len(p1)), p2)
 
 
+@pytest.mark.slow
 def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypatch):
     """One row: a plain step the policy plans from the committed tokens is launched while the previous one is in
     flight; one judged again (a nucleus past the partial selection) is undone and launched again. The first and
@@ -533,6 +534,7 @@ def quarter(tmp_path_factory):
     return tuple(models.load(str(p)) for p in quarter_pair(tmp_path_factory.mktemp("quarter")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=20)], ids=str)
 def test_auto_with_a_draft_a_quarter_of_the_target_drafts_with_both_and_is_distributed_as_the_target(quarter, sp):
     """The policy with the prior a run starts from (a draft token costs its size over the target's, a quarter)."""
@@ -549,6 +551,7 @@ def test_auto_with_a_draft_a_quarter_of_the_target_drafts_with_both_and_is_distr
     assert fits(np.bincount(second, minlength=len(p1)), p2)
 
 
+@pytest.mark.slow
 def test_a_cold_run_that_re_bases_on_its_own_timings_is_distributed_as_the_target(tiny):
     """A run that re-bases mid-run (after its 8th cycle here: its table then in seconds, with the acceptance it
     measured) keeps the law."""
@@ -565,6 +568,7 @@ def test_a_cold_run_that_re_bases_on_its_own_timings_is_distributed_as_the_targe
     assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
 
 
+@pytest.mark.slow
 def test_negative_control_a_choice_that_sees_the_draft_fails(tiny):
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
@@ -586,6 +590,7 @@ def test_statistics_per_source_add_up(tiny):
     assert d["plain_steps"] == d["sources"].get("plain", {}).get("cycles", 0)
 
 
+@pytest.mark.slow
 def test_plain_decoding_with_the_partial_top_p_redoes_a_chained_step_and_stays_exact(tiny, monkeypatch):
     """Plain steps are chained (launched before the previous one is read); when the previous one is judged again
     with the full sort, the chained step that started from its old token is undone and launched again."""
@@ -652,6 +657,7 @@ def _settle_add_one(home):
         runlog.update_costs("k", lambda cur: {"n": (cur or {"n": 0})["n"] + 1})
 
 
+@pytest.mark.slow
 def test_concurrent_runs_settle_the_kept_table_one_after_another():
     import multiprocessing as mp
     import os

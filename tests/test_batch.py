@@ -13,7 +13,7 @@ from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import target_marginals
+from helpers import run, target_marginals
 
 PROMPTS = ["the sea is ", "abcabcabc", "hello world. hello", "x", "12+12=24, 13+13=", "the cat sat on the mat. the"]
 
@@ -32,10 +32,7 @@ def batched(tiny, kind, requests, sp, batch_size, controller=None, width=3, eos=
                "none": lambda: None}[kind]()
     eng = Engine(target.model, drafter, controller or FixedWidth(width if drafter else 0), eos,
                  DecodeConfig(sampling=sp, **cfg), batch_size)
-    out = {r.index: [] for r in requests}
-    for ev in eng.generate(requests):
-        out[ev.request].extend(ev.tokens)
-    return out, eng
+    return dict(enumerate(run(eng, requests))), eng  # (requests 0..n-1)
 
 
 def requests(tiny, prompts=PROMPTS, max_tokens=40, seed=100):
@@ -83,6 +80,7 @@ def test_adaptive_width_is_shared_and_greedy_rows_stay_lossless(tiny):
     assert len(widths[-1][1]) < 3 and len(set(w for w, _ in widths)) > 1
 
 
+@pytest.mark.slow
 def test_batch_rows_are_exact_at_t1(tiny):
     """Many rows of one prompt, seeds seed+index, refilled batches: first and second tokens ~ the target."""
     sp = SamplingParams(temp=1.0)

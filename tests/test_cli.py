@@ -167,6 +167,7 @@ def test_unknown_profile_lists_known(gen):
     assert "typical-0.09" in line
 
 
+@pytest.mark.slow
 def test_closed_stdout(tiny_paths):
     cmd = f"{sys.executable} -m mtpcli generate --model {tiny_paths['target']} --max-tokens 3000 --no-chat --no-log"
     p = subprocess.run(["bash", "-c", f"set -o pipefail; echo abc | {cmd} | head -c 10"], capture_output=True,
@@ -176,6 +177,7 @@ def test_closed_stdout(tiny_paths):
     assert "stdout was closed" in p.stderr.decode() and "Traceback" not in p.stderr.decode()
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_what_was_committed_then_stats_exit_130(tiny_paths):
     p = subprocess.Popen([sys.executable, "-m", "mtpcli", "generate", "--model", str(tiny_paths["target"]),
                           "--max-tokens", "100000", "--no-chat", "--no-log", "--prompt", "abc"],

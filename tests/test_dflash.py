@@ -17,7 +17,7 @@ from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import collect, target_marginals
+from helpers import collect, run, target_marginals
 from tiny import make_dflash_drafter, make_model, make_windowed_model
 
 PROMPT = "def f(x):"
@@ -89,10 +89,7 @@ def test_dflash_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(pairs, k
     tok = target.tokenizer
     alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=24)[0][0] for p in prompts]
     eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=24), 2)
-    outs = [[] for _ in prompts]
-    for ev in eng.generate([Request(i, list(tok.encode(p)), 24, 0, 0) for i, p in enumerate(prompts)]):
-        outs[ev.request].extend(ev.tokens)
-    assert outs == alone
+    assert run(eng, [Request(i, list(tok.encode(p)), 24, 0, 0) for i, p in enumerate(prompts)]) == alone
 
 
 def sampled(pairs, sp):
@@ -102,6 +99,7 @@ def sampled(pairs, sp):
     return target_marginals(target, ids, sp), np.array([o[:2] for o in outs]), eng
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=20)], ids=str)
 def test_dflash_is_exact_at_positive_temperature(pairs, sp):
     (p1, p2), arr, eng = sampled(pairs, sp)
@@ -110,6 +108,7 @@ def test_dflash_is_exact_at_positive_temperature(pairs, sp):
     assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
 
 
+@pytest.mark.slow
 def test_negative_control_drafts_not_drawn_from_their_q_fail(pairs, monkeypatch):
     propose = DFlashDrafter.propose
 
@@ -173,7 +172,4 @@ def test_dflash_on_a_hybrid_target_is_greedy_identical_and_a_batch_row_samples_a
                                  DecodeConfig(max_tokens=30, sampling=sp)).generate([r]) for t in ev.tokens]
              for r in reqs]
     eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=30, sampling=sp), 2)
-    outs = [[], []]
-    for ev in eng.generate(reqs):
-        outs[ev.request].extend(ev.tokens)
-    assert outs == alone
+    assert run(eng, reqs) == alone

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,8 @@ from mtpcli.distributed import data
 from mtpcli.engine import Request
 from mtpcli.sampling import SamplingParams
 from stattools import fits
+
+from helpers import run, target_marginals
 
 HERE = Path(__file__).parent
 PROMPTS = [("the sea is ", 30), ("def fib(n):", 12), ("x = 1\ny = ", 25), ("abc", 40),
@@ -43,10 +44,7 @@ def reference(path, prompt, max_tokens):
 
     t = models.load(str(path))
     eng = Engine(t.model, eos_token_ids=t.tokenizer.eos_token_ids, config=DecodeConfig(max_tokens=max_tokens))
-    out = []
-    for ev in eng.generate([Request(0, list(t.tokenizer.encode(prompt)), max_tokens, 0)]):
-        out.extend(ev.tokens)
-    return out
+    return run(eng, [Request(0, list(t.tokenizer.encode(prompt)), max_tokens, 0)])[0]
 
 
 def launch(cli, *args, timeout=180):
@@ -104,6 +102,7 @@ def test_a_draft_model_rank_0_cannot_read_ends_every_rank_at_once(qwen, cli, tmp
     assert "missing" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["greedy-tensor-model", "greedy-tensor-none", "greedy-pipeline-model"])
 def test_sharded_greedy_output_equals_one_process(qwen, worker, run):
     got = worker[run]
@@ -117,6 +116,7 @@ def test_sharded_greedy_output_equals_one_process(qwen, worker, run):
         assert got["messages"] == got["cycles"] + 1  # the token, inside each step's graph (+ the start)
 
 
+@pytest.mark.slow
 def test_same_seed_same_output_at_t1_as_one_process(qwen, worker):
     from mtpcli import models
     from mtpcli.controller import FixedWidth
@@ -126,10 +126,8 @@ def test_same_seed_same_output_at_t1_as_one_process(qwen, worker):
     t, d = models.load(str(qwen["target"])), models.load(str(qwen["draft"]))
     cfg = DecodeConfig(sampling=SamplingParams(temp=1.0), max_tokens=60, seed=3)
     eng = Engine(t.model, ModelDrafter(d.model), FixedWidth(3), t.tokenizer.eos_token_ids, cfg)
-    out = []
-    for ev in eng.generate([Request(0, list(t.tokenizer.encode("the sea is ")), 60, 3)]):
-        out.extend(ev.tokens)
-    assert worker["seeded-tensor-t1"]["tokens"][0] == out
+    ids = list(t.tokenizer.encode("the sea is "))
+    assert worker["seeded-tensor-t1"]["tokens"][0] == run(eng, [Request(0, ids, 60, 3)])[0]
 
 
 def test_data_mode_keeps_input_order_and_gathers_statistics(qwen, cli, tmp_path):
@@ -163,23 +161,12 @@ def test_shares_are_balanced_by_length_and_keep_input_order():
     assert sorted(r.index for r in a + b) == list(range(5))
 
 
-def marginals(path, prompt, sp):
-    import mlx.core as mx
-
-    from mtpcli import models
-    from mtpcli.sampling import probs
-
-    t = models.load(str(path))
-    ids = list(t.tokenizer.encode(prompt))
-    p1 = np.array(probs(t.model(mx.array([ids]))[0, -1], sp, full=True))
-    p2 = np.zeros_like(p1)
-    for x1 in np.nonzero(p1)[0]:
-        p2 += p1[x1] * np.array(probs(t.model(mx.array([ids + [int(x1)]]))[0, -1], sp, full=True))
-    return p1, p2
-
-
+@pytest.mark.slow
 def test_tensor_sharded_speculation_is_distributed_as_the_target_and_a_wrong_law_is_caught(qwen, worker):
-    p1, p2 = marginals(qwen["target"], "the sea is ", SamplingParams(temp=1.0))
+    from mtpcli import models
+
+    t = models.load(str(qwen["target"]))
+    p1, p2 = target_marginals(t, t.tokenizer.encode("the sea is "), SamplingParams(temp=1.0))
     verdicts = []
     for law in ("exact", "wrong"):
         doc = worker[f"t1-{law}"]
@@ -221,6 +208,7 @@ def rank_of(pid: int) -> int | None:
     return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_run_ends_the_job_with_one_clear_error(qwen, tmp_path):
     env = {**os.environ, "MTPCLI_NO_LOG": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     p = subprocess.Popen([sys.executable, "-m", "mtpcli", "launch", "-n", "2", "--backend", "ring", "--",
@@ -252,6 +240,7 @@ def test_launch_returns_the_worst_rank_status(cli):
     assert launch(cli, sys.executable, "-c", "pass").returncode == 0
 
 
+@pytest.mark.slow
 def test_the_watchdog_ends_a_rank_that_waits_too_long():
     code = ("import time; from mtpcli.distributed import Watchdog; w = Watchdog(0.5, 0); "
             "w.arm('waiting for rank 0'); time.sleep(60)")

@@ -1,7 +1,7 @@
 """EAGLE-3 draft heads (issue 35): tiny checkpoints of the published layout, loading and refusal, the first and second
 token distributed as the target's at T = 1 and T = 0.7 with top-k (chains, a batch, a tree) beside a negative
 control, and greedy identity with --draft none on a full-attention and a sliding-window target, one row and a
-ragged batch. The heads are trained for a few seconds by bench/train_eagle3.py on the tiny target's own samples, so
+ragged batch. The heads are trained for a few seconds by tools/train_eagle3.py on the tiny target's own samples, so
 their drafts pass often enough for both paths of the law to be exercised."""
 
 import json
@@ -20,10 +20,10 @@ from mtpcli.drafters.eagle import EagleDrafter
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import collect, target_marginals
+from helpers import collect, copies, run, target_marginals
 from tiny import make_eagle3_head, make_model, make_windowed_model
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from train_eagle3 import save, train  # noqa: E402
 
 PROMPT = "def f(x):"
@@ -132,9 +132,7 @@ def test_eagle3_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(heads, k
     tok = target.tokenizer
     alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=30)[0][0] for p in prompts]
     eng = Engine(target.model, EagleDrafter(head.model), FixedWidth(3), (), DecodeConfig(max_tokens=30), 2)
-    outs = [[] for _ in prompts]
-    for ev in eng.generate([Request(i, list(tok.encode(p)), 30, 0, 0) for i, p in enumerate(prompts)]):
-        outs[ev.request].extend(ev.tokens)
+    outs = run(eng, [Request(i, list(tok.encode(p)), 30, 0, 0) for i, p in enumerate(prompts)])
     assert outs == alone and eng.stats.accepted > 0
 
 
@@ -156,19 +154,17 @@ def sampled(heads, sp, tree=False, batch_size=250):
     d = EagleDrafter(head.model)
     if tree:
         d.nodes, d.children = 6, 3
-    from mtpcli.engine import DecodeConfig, Engine, Request
+    from mtpcli.engine import DecodeConfig, Engine
 
     eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(max_tokens=3, sampling=sp), batch_size)
     if tree:
         eng.target.allow_trees()
     ids = list(target.tokenizer.encode(PROMPT))
-    outs = [[] for _ in range(N)]
-    for ev in eng.generate([Request(c, ids, 3, 0, c) for c in range(N)]):
-        outs[ev.request].extend(ev.tokens)
-    arr = np.array([o[:2] for o in outs])
+    arr = np.array([o[:2] for o in run(eng, copies(ids, N, 3, 0))])
     return target_marginals(target, ids, sp), arr, eng
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp,tree", [(SamplingParams(temp=1.0), False), (SamplingParams(temp=0.7, top_k=8), False),
                                      (SamplingParams(temp=1.0), True)], ids=str)
 def test_eagle3_is_exact_at_positive_temperature(heads, sp, tree):
@@ -178,6 +174,7 @@ def test_eagle3_is_exact_at_positive_temperature(heads, sp, tree):
     assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
 
 
+@pytest.mark.slow
 def test_negative_control_drafts_not_drawn_from_their_q_fail(heads, monkeypatch):
     """The head's most likely tokens judged as if drawn from its q (min(1, p/q) of a token q did not draw): the
     same test must reject it."""

@@ -1,41 +1,16 @@
 """The decode loop on tiny random models built by the tests."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
+from helpers import N, decode, resampled_from_p, target_marginals
 from mtpcli import verify
-from mtpcli.controller import EmaController, FixedWidth
-from mtpcli.drafters import NoDraft
-from mtpcli.drafters.model import ModelDrafter
+from mtpcli.controller import EmaController
 from mtpcli.drafters.ngram import NgramDrafter
-from mtpcli.engine import DecodeConfig, Engine, Request
-from mtpcli.sampling import SamplingParams, probs
+from mtpcli.sampling import SamplingParams
 from stattools import fits
 
 PROMPTS = ["def fib(n):", "the sea is ", "x = 1\ny = ", "abc"]
-
-
-def collect(loaded, drafter, controller, eos, prompt, n=1, batch_size=1, **cfg):
-    """Run the engine on n completions of `prompt` (-n) and return (one token list per completion, the engine)."""
-    cfg = DecodeConfig(**cfg)
-    eng = Engine(loaded.model, drafter, controller, eos, cfg, batch_size=batch_size)
-    ids = list(loaded.tokenizer.encode(prompt))
-    outs = [[] for _ in range(n)]
-    for ev in eng.generate([Request(c, ids, cfg.max_tokens, cfg.seed, c) for c in range(n)]):
-        outs[ev.request].extend(ev.tokens)
-    return outs, eng
-
-
-def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, batch_size=1, **cfg):
-    target, dmodel = tiny
-    if draft == "ngram":
-        drafter = NgramDrafter(1, 3)
-    else:
-        drafter = ModelDrafter(dmodel.model, p_min=p_min) if draft else NoDraft()
-    ctrl = controller or FixedWidth(width if draft else 0)
-    eos = target.tokenizer.eos_token_ids if eos is None else eos
-    return collect(target, drafter, ctrl, eos, prompt, n, batch_size, **cfg)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -88,18 +63,6 @@ def test_adaptive_run_uses_several_widths_within_bounds(tiny):
 
 # ---- end-to-end exactness at T > 0 --------------------------------------------------------------
 
-N = 2500
-
-
-def target_marginals(target, ids, sp):
-    """Exact distribution of the first and second generated tokens under the target alone."""
-    model = target.model
-    p1 = np.array(probs(model(mx.array([ids]))[0, -1], sp, full=True))
-    p2 = np.zeros_like(p1)
-    for x1 in np.nonzero(p1)[0]:
-        p2 += p1[x1] * np.array(probs(model(mx.array([ids + [int(x1)]]))[0, -1], sp, full=True))
-    return p1, p2
-
 
 def sampled_pairs(tiny, sp, seed=0, batch_size=250, p_min=0.0):
     outs, eng = decode(tiny, "the sea is ", width=3, n=N, max_tokens=3, sampling=sp, seed=seed, eos=(),
@@ -116,6 +79,7 @@ EXACT_CASES = [  # (sampling, rows decoded together: 1 is the dense one-row cach
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp,batch_size", EXACT_CASES, ids=str)
 def test_speculative_output_is_distributed_as_the_target(tiny, sp, batch_size):
     target, _ = tiny
@@ -129,22 +93,17 @@ def test_speculative_output_is_distributed_as_the_target(tiny, sp, batch_size):
     assert fits(np.bincount(second, minlength=V), p2)
 
 
+@pytest.mark.slow
 def test_negative_control_a_wrong_law_fails_the_same_test(tiny, monkeypatch):
-    exact = verify.exact
-
-    def wrong(p, q, draft, keys, lengths=None):  # resample from p instead of the residual
-        v = exact(p, q, draft, keys, lengths)
-        redo = verify._sample_rows(verify._at(p, v.n_accepted), [mx.random.split(k)[1] for k in keys])
-        return verify.Verdict(v.n_accepted, mx.where(v.n_accepted < draft.shape[-1], redo, v.token))
-
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
     p1, p2 = target_marginals(target, list(target.tokenizer.encode("the sea is ")), sp)
-    monkeypatch.setattr(verify, "exact", wrong)
+    monkeypatch.setattr(verify, "exact", resampled_from_p)
     first, second, _ = sampled_pairs(tiny, sp)
     assert not (fits(np.bincount(first, minlength=len(p1)), p1) and fits(np.bincount(second, minlength=len(p1)), p2))
 
 
+@pytest.mark.slow
 def test_ngram_drafting_is_exact_at_t1(tiny):
     sp = SamplingParams(temp=1.0, top_k=12)
     target, _ = tiny

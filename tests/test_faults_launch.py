@@ -54,6 +54,7 @@ def _state(pid: int) -> str | None:
         return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the ranks through /proc")
 def test_a_stopped_rank_ends_the_job_within_the_timeout_and_is_named(qwen, tmp_path):
     from mtpcli.distributed.launch import KILL_AFTER
@@ -100,6 +101,7 @@ def test_a_bad_backend_is_one_line_naming_the_choices(cli):
     assert err.startswith("mtpcli: error: --backend x:") and all(b in err for b in ("ring", "mpi", "nccl", "jaccl"))
 
 
+@pytest.mark.slow
 def test_sigterm_prints_what_was_committed_then_stats_and_logs_the_run_exit_143(qwen):
     from mtpcli import runlog
 
@@ -135,6 +137,7 @@ def test_a_job_whose_ranks_never_started_fails_with_one_line(cli, qwen):
     assert "mtpcli: error: no rank reported how it ended" in r.stderr.decode()
 
 
+@pytest.mark.slow
 def test_an_interrupted_job_whose_rank_had_to_be_killed_is_not_a_success(tmp_path):
     """Rank 0 ends 0, rank 1 ignores the Ctrl-C: the launcher kills it, names it, and exits non-zero."""
     script = 'if [ "$MLX_RANK" = 0 ]; then exit 0; else trap "" INT TERM; sleep 60; fi'

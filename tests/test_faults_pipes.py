@@ -40,6 +40,7 @@ def test_every_command_ends_141_when_its_reader_left(logged, tmp_path, args):
     assert "Traceback" not in err and "error" not in err
 
 
+@pytest.mark.slow
 def test_generate_ends_141_too(tiny_paths, tmp_path):
     code, err = closed_stdout(["generate", "--model", tiny_paths["target"], "--no-chat", "--max-tokens", "8",
                                "-p", "abcabc", "-q"], tmp_path)

@@ -282,6 +282,7 @@ def test_result_files_may_be_devices_and_keep_their_mode(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_stats_json_is_written_even_when_stderr_and_stdout_are_closed(tiny_paths, tmp_path):
     import os
     import subprocess
@@ -300,6 +301,7 @@ def test_stats_json_is_written_even_when_stderr_and_stdout_are_closed(tiny_paths
     assert json.loads(out.read_text())["generated_tokens"] >= 1
 
 
+@pytest.mark.slow
 def test_stats_json_to_dev_stdout_redirected_to_a_file_keeps_the_text(tiny_paths, tmp_path):
     import subprocess
 

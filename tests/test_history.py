@@ -4,14 +4,12 @@ the `history` commands."""
 
 import json
 import multiprocessing as mp
-import os
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtpcli import history
 from mtpcli.drafters import Draft
 from mtpcli.drafters import history as hd
 from mtpcli.drafters.history import OUT, Corpus, HistoryDrafter, Own, continuation, match_lengths
@@ -19,7 +17,7 @@ from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.history import Doc, Store
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import N, target_marginals
+from helpers import N, target_marginals
 
 
 def doc(output, prompt=None):
@@ -215,6 +213,7 @@ def sampled_history(tiny, sp, drafter_cls=HistoryDrafter):
     return ids, arr[:, 0], arr[:, 1], eng
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=20, top_p=0.9)], ids=str)
 def test_the_history_drafter_is_distributed_as_the_target(tiny, sp):
     target, _ = tiny
@@ -241,6 +240,7 @@ class VotesAsQ(HistoryDrafter):
         return Draft(d.tokens, mx.where(onehot, 0.5, q), d.lengths, d.requested)
 
 
+@pytest.mark.slow
 def test_negative_control_a_history_drafter_with_a_made_up_q_fails(tiny):
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
@@ -285,6 +285,7 @@ def _two_writers(write, path):
         assert p.exitcode == 0
 
 
+@pytest.mark.slow
 def test_two_concurrent_writers_lose_nothing(tmp_path):
     path = tmp_path / "h.sqlite"
     _two_writers(_write_many, path)
@@ -300,6 +301,7 @@ def _write_capped(path, worker):
         s.save()
 
 
+@pytest.mark.slow
 def test_concurrent_writers_under_a_cap_keep_exactly_the_newest(tmp_path):
     import sqlite3
 

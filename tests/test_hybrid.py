@@ -10,7 +10,7 @@ from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import collect, target_marginals
+from helpers import collect, target_marginals
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,7 @@ def test_hybrid_several_completions_restart_from_the_prompt(hybrid):
     assert outs[0] == outs[1] == outs[2]  # greedy: every completion restarts from the same state
 
 
+@pytest.mark.slow
 def test_hybrid_speculation_is_exact_at_t1(hybrid):
     sp = SamplingParams(temp=1.0)
     ids = list(hybrid.tokenizer.encode("abcabcab"))

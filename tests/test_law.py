@@ -10,9 +10,8 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_samp
 
 from mtpcli.sampling import SamplingParams
 from stattools import fits, same, tv
-from test_engine import decode
+from helpers import N, decode, marginals, model_law
 
-N = 2500
 PROMPT = "abcabcab"
 CASES = [SamplingParams(temp=0.7, top_p=0.9, top_k=10, min_p=0.05), SamplingParams(temp=1.5, top_p=0.7, top_k=8,
                                                                                  min_p=0.1)]
@@ -36,18 +35,13 @@ def todays_law(logits: mx.array, sp: SamplingParams) -> np.ndarray:
     return p / p.sum()
 
 
-def marginals(model, ids, law):
-    p1 = law(model(mx.array([ids]))[0, -1])
-    p2 = sum(p1[x] * law(model(mx.array([ids + [int(x)]]))[0, -1]) for x in np.nonzero(p1)[0])
-    return p1, p2
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", CASES, ids=str)
 def test_plain_and_speculative_draws_follow_mlx_lms_sampler_and_not_todays_law(tiny, sp):
     target, _ = tiny
     ids = list(target.tokenizer.encode(PROMPT))
-    p1, p2 = marginals(target.model, ids, lambda x: mlx_lm_law(x, sp))
-    o1, o2 = marginals(target.model, ids, lambda x: todays_law(x, sp))
+    p1, p2 = marginals(model_law(target.model, lambda x: mlx_lm_law(x, sp)), ids)
+    o1, o2 = marginals(model_law(target.model, lambda x: todays_law(x, sp)), ids)
     assert tv(p1 * N, o1) > 0.05  # the two laws differ on this prompt: the test can tell them apart
     logits = target.model(mx.array([ids]))[:, -1]
     mx.random.seed(11)

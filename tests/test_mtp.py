@@ -15,7 +15,7 @@ from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from tiny import make_mtp_model
 from stattools import fits
-from test_engine import collect, target_marginals
+from helpers import collect, target_marginals
 
 FAMILIES = ["deepseek_v3", "qwen3_next", "qwen3_5"]
 
@@ -132,6 +132,7 @@ def test_mtp_greedy_lossless_with_a_one_token_prompt_and_a_p_min_floor(ckpt):
     ("qwen3_next", SamplingParams(temp=0.7, top_k=10)),
     ("qwen3_5", SamplingParams(temp=1.0, top_p=0.9)),
 ], ids=str)
+@pytest.mark.slow
 def test_mtp_is_exact_at_positive_temperature(ckpt, family, sp):
     loaded = models.load(str(ckpt(family)))
     ids = list(loaded.tokenizer.encode("abcabcab hello"))

@@ -30,9 +30,9 @@ def test_one_estimate_per_token_that_propose_gives_at_each_width():
 def test_a_short_match_of_common_tokens_is_a_guess_a_repeated_passage_is_not():
     comma, space = 11, 220
     short = [1, comma, space, 2, 3, 4, 5, 6, comma, space]  # ", " seen once, followed by something else
-    (s,), (l,) = drafter([short]).available([short], 4), drafter([REPEATED]).available([REPEATED], 4)
-    assert len(s) == 4 and len(l) == 4
-    assert s[0] < 0.35 < 0.85 < l[0] and l[-1] > 0.9
+    (s,), (r,) = drafter([short]).available([short], 4), drafter([REPEATED]).available([REPEATED], 4)
+    assert len(s) == 4 and len(r) == 4
+    assert s[0] < 0.35 < 0.85 < r[0] and r[-1] > 0.9
     assert s == sorted(s) and s[1] > s[0]  # a token after right ones: the match is longer by then
     # the true match counts, not the n-gram found: the same last 4 tokens, preceded by more agreement
     mid = [9] * 8 + PASSAGE[:8] + [7] + [3] * 4 + PASSAGE[4:8]

@@ -14,11 +14,12 @@ from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from test_engine import collect, decode, target_marginals
+from helpers import collect, decode, run, target_marginals
 
 N = 2500
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 250])
 def test_confidence_floor_keeps_the_exact_law_at_t1(tiny, batch_size):
     """Bug 1: the drafter used to sample a token and then stop when q(token) < p_min, so whether a position was
@@ -68,9 +69,7 @@ def test_sliding_window_rollback_past_the_window_stays_greedy_lossless(windowed,
     reqs = [Request(i, list(windowed.tokenizer.encode(p)), 60, i) for i, p in enumerate(["abcabcab hello", "x",
                                                                                          "the sea is the sea"])]
     eng = Engine(windowed.model, NgramDrafter(1, 3), FixedWidth(3), (), DecodeConfig(), batch_size=3)
-    out = {r.index: [] for r in reqs}
-    for ev in eng.generate(reqs):
-        out[ev.request] += ev.tokens
+    out = run(eng, reqs)
     for r in reqs:
         alone, _ = collect(windowed, NoDraft(), FixedWidth(0), (), windowed.tokenizer.decode(r.prompt),
                            max_tokens=60)
@@ -84,6 +83,7 @@ def hybrid(tmp_path_factory):
     return models.load(str(make_hybrid_model(tmp_path_factory.mktemp("hyb") / "h", seed=3)))
 
 
+@pytest.mark.slow
 def test_a_recurrent_draft_model_rolls_back_by_snapshot(tiny, hybrid):
     """Bug 3: a recurrent (hybrid) draft model was accepted, then crashed at its first partial rejection or at
     the second -n completion ('no snapshot'). It now rolls back like a hybrid target: snapshot + replay."""
@@ -140,6 +140,7 @@ def test_batch_totals_sum_prompt_tokens_and_a_failing_batch_on_a_recurrent_targe
     assert [("error" in json.loads(x)) for x in r.stdout.decode().splitlines()] == [True, True]
 
 
+@pytest.mark.slow
 def test_sliding_window_speculation_is_exact_at_t1(windowed, tiny):
     """The masked (not rotated) window at T = 1, past the window, in a ragged batch: the first and second tokens
     fit the target's own distribution (the model run whole, mlx-lm's window mask); a wrong temperature does not."""

@@ -44,6 +44,7 @@ def _writer(args):
         runlog.append_safely(**fake(i * 10 + j))
 
 
+@pytest.mark.slow
 def test_eight_concurrent_writers_lose_no_record():
     home = os.environ["XDG_DATA_HOME"]
     runlog.append_safely(**fake(0))  # create the log first

@@ -16,11 +16,13 @@ from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
-from mtpcli.sampling import SamplingParams, probs
+from mtpcli.sampling import SamplingParams
 from stattools import fits
 
+import helpers
+from helpers import N, target_marginals
+
 PROMPTS = ["abxabyabzab", "def fib(n):", "the sea is "]
-N = 2500
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +43,8 @@ def engine(target, drafter, width=4, nodes=8, batch_size=1, **cfg):
 
 
 def run(eng, tok, prompts, n=1, max_tokens=40, seed=0):
-    reqs = [Request(i, list(tok.encode(p)), max_tokens, seed, c) for i, (p, c) in
-            enumerate((p, c) for p in prompts for c in range(n))]
-    outs = [[] for _ in reqs]
-    for ev in eng.generate(reqs):
-        outs[ev.request].extend(ev.tokens)
-    return outs
+    return helpers.run(eng, [Request(i, list(tok.encode(p)), max_tokens, seed, c) for i, (p, c) in
+                             enumerate((p, c) for p in prompts for c in range(n))])
 
 
 def costed(d):
@@ -96,23 +94,17 @@ def test_a_hybrid_target_keeps_chains_under_auto_and_refuses_a_budget(tiny, wind
             assert run(eng, target.tokenizer, PROMPTS[:1]) == plain
 
 
-def marginals(model, ids, sp):
-    law = lambda x: np.array(probs(x, sp), dtype=np.float64)  # noqa: E731
-    p1 = law(model(mx.array([ids]))[0, -1])
-    p2 = sum(p1[x] * law(model(mx.array([ids + [int(x)]]))[0, -1]) for x in np.nonzero(p1)[0])
-    return p1, p2
-
-
 CASES = [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=8)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, sp", [(s, sp) for s in ("ngram", "model") for sp in CASES] +
                          [("model-auto", CASES[0])], ids=str)
 def test_tree_decoding_commits_the_targets_distribution_at_the_first_and_second_token(tiny, sp, source):
     target, draft = tiny
     prompt = PROMPTS[0]
     ids = list(target.tokenizer.encode(prompt))
-    p1, p2 = marginals(target.model, ids, sp)
+    p1, p2 = target_marginals(target, ids, sp)
     eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=3)
     outs = run(eng, target.tokenizer, [prompt], n=N, max_tokens=3)  # trees two deep: both tokens from one tree
     trees = eng.stats.to_dict()["trees"]
@@ -121,6 +113,7 @@ def test_tree_decoding_commits_the_targets_distribution_at_the_first_and_second_
     assert fits(c1, p1) and fits(c2, p2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["model"])
 def test_a_tree_law_that_tests_later_children_against_p_instead_of_the_residual_fails(tiny, monkeypatch, source):
     """The negative control: each child tried, and the last token drawn, against p itself (not what is left of it
@@ -128,7 +121,7 @@ def test_a_tree_law_that_tests_later_children_against_p_instead_of_the_residual_
     target, draft = tiny
     sp = CASES[0]
     ids = list(target.tokenizer.encode(PROMPTS[0]))
-    p1, _ = marginals(target.model, ids, sp)
+    p1, _ = target_marginals(target, ids, sp)
     monkeypatch.setattr(verify, "residual", lambda p, q, d: p)
     eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=2)
     outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
@@ -223,6 +216,7 @@ def history_drafter(target, prompt, seeds=6):
     return HistoryDrafter(store)
 
 
+@pytest.mark.slow
 def test_history_trees_greedy_identity_and_the_targets_distribution(tiny):
     target = tiny[0]
     plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS[:1])
@@ -230,7 +224,7 @@ def test_history_trees_greedy_identity_and_the_targets_distribution(tiny):
     assert run(eng, target.tokenizer, PROMPTS[:1]) == plain
     sp = CASES[0]
     ids = list(target.tokenizer.encode(PROMPTS[0]))
-    p1, p2 = marginals(target.model, ids, sp)
+    p1, p2 = target_marginals(target, ids, sp)
     eng = engine(target, history_drafter(target, PROMPTS[0]), batch_size=250, sampling=sp, max_tokens=2)
     outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
     trees = eng.stats.to_dict()["trees"]

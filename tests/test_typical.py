@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mtpcli import verify
-from mtpcli.sampling import SamplingParams, probs, sample
+from mtpcli.sampling import SamplingParams, probs
 from stattools import fits
 
 
@@ -29,6 +29,7 @@ def test_argmax_is_always_typical():
         assert bool((mx.take_along_axis(rows, best[:, None], -1)[:, 0] > floor).all())
 
 
+@pytest.mark.slow
 def test_accepts_longest_typical_prefix_and_resamples_from_p():
     # position 0: draft token has p = 0.7 (typical); position 1: p = 0.01 (atypical); bonus row.
     p = mx.array([[[0.7, 0.1, 0.1, 0.1], [0.01, 0.33, 0.33, 0.33], [0.25] * 4]])
@@ -51,6 +52,7 @@ def test_very_large_delta_resamples_every_position_from_p():
     assert v.n_accepted.item() == 0
 
 
+@pytest.mark.slow
 def test_typical_lane_is_measurably_not_exact():
     """A case built so that it must differ: a draft that always proposes a typical but unlikely token."""
     sp = SamplingParams(temp=1.0)
@@ -69,7 +71,7 @@ def test_typical_lane_is_measurably_not_exact():
 
 @pytest.fixture
 def run(tiny):
-    from test_engine import decode
+    from helpers import decode
     return lambda **kw: decode(tiny, "the sea is ", max_tokens=40, **kw)
 
 

@@ -4,7 +4,6 @@ sizes and `models rm`, status lines on a terminal only, and why a --draft-model 
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -74,6 +73,7 @@ print("net:", events, round(time.time() - t, 1))
 """
 
 
+@pytest.mark.slow
 def test_hub_id_never_touches_the_network_without_hf_hub_offline(tmp_path, tiny_paths):
     snapshot = _hub_cache(tmp_path / "hf", "org/name", tiny_paths["target"])
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
@@ -180,6 +180,7 @@ def test_status_writes_nothing_with_quiet_or_off_a_terminal():
         assert file.getvalue() == ""
 
 
+@pytest.mark.slow
 def test_generate_on_a_terminal_says_what_it_loads(tmp_path, tiny_paths):
     import pty
 

@@ -106,6 +106,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", CASES, ids=str)
 def test_exact_law_reproduces_p_on_first_and_second_position(sp):
     p, q = _rows(0, sp)
@@ -115,6 +116,7 @@ def test_exact_law_reproduces_p_on_first_and_second_position(sp):
     assert tv(np.bincount(first, minlength=V), np.array(p[0])) < 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", CASES[:2], ids=str)
 def test_negative_control_wrong_law_is_rejected(sp):
     p, q = _rows(0, sp)

@@ -8,7 +8,7 @@ bonus token when all k pass. Everything stays on the device; the caller synchron
 Rows of a batch may draft fewer than k tokens: `lengths` (B,) marks the real drafts, the rest are padding,
 never accepted; a row whose real drafts all pass gets its bonus token from p at position lengths[b]. `key`
 is one key, or a list of B keys (one per row, so a row's draws depend on its own key only; a row draws
-exactly what it would draw alone with k = lengths[b])."""
+exactly what it would draw alone with k = lengths[b]). The cycle's words (a glossary): docs/glossary.md."""
 
 from __future__ import annotations
 
