@@ -141,7 +141,8 @@ def read_jsonl(name: str, flag: str = "--prompts-jsonl", start: int = 0) -> list
         raise UsageError(f"{flag} {name}:{n}: the line is longer than {MAX_BYTES >> 20} MiB, the most a prompt may be")
     if lines:
         lines[0] = lines[0].removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is fine
-    items = [_jsonl_row(start + i, f"{name}:{n}", decode(line, f"{name}:{n}"))
+    where = "stdin" if name == "-" else name
+    items = [_jsonl_row(start + i, f"{where}:{n}", decode(line, f"{where}:{n}"))
              for i, (n, line) in enumerate((n, x) for n, x in enumerate(lines, 1) if x.strip())]
     if not items:
         raise UsageError(f"{flag} {name}: no prompts in the file")
