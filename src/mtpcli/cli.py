@@ -85,7 +85,7 @@ def generate(
     flags["system"] = prompts.from_argv(flags["system"], "--system")
     cfg = config.resolve(profile or _global["profile"], flags)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
-    items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl or [])
+    items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(sys.argv[1:]), batch_size,

@@ -149,9 +149,10 @@ def read_jsonl(name: str, flag: str = "--prompts-jsonl", start: int = 0) -> list
     return items
 
 
-def read(prompt: str | None, files: list[str], jsonl: list[str]) -> tuple[list[Item], bool]:
+def read(prompt: str | None, files: list[str], jsonl: list[str] | None) -> tuple[list[Item], bool]:
     """(items, single): several prompts (the files', then each JSONL file's rows), or the one prompt of --prompt, a
     file, or stdin."""
+    jsonl = jsonl or []
     if jsonl or len(files) > 1 or any(Path(f).is_dir() for f in files):
         if prompt is not None:
             raise UsageError("give either --prompt or several prompts (--prompt-file, --prompts-jsonl), not both")
