@@ -44,8 +44,11 @@ def test_invalid_utf8_in_prompt_and_system_is_replaced_with_a_warning_naming_the
     r = mtpcli(*gen, "-p", bad, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout, r.stderr.decode()
     assert r.stderr.decode() == "mtpcli: warning: --prompt is not valid UTF-8 (byte 2); invalid bytes replaced with U+FFFD\n"
-    r = mtpcli("generate", "-m", tiny_paths["chat"], "--max-tokens", 3, "-q", "--system", bad, "-p", "ab", cwd=tmp_path)
-    assert r.returncode == 0 and "--system is not valid UTF-8" in r.stderr.decode(), r.stderr.decode()
+    chat = ["generate", "-m", tiny_paths["chat"], "--max-tokens", 3, "-q", "-p", "ab"]
+    r = mtpcli(*chat, "--system", bad, cwd=tmp_path)
+    assert r.returncode == 0 and "warning: --system is not valid UTF-8" in r.stderr.decode(), r.stderr.decode()
+    r = mtpcli(*chat, cwd=tmp_path, env={**os.environ, "MTPCLI_SYSTEM": bad})
+    assert r.returncode == 0 and "warning: env MTPCLI_SYSTEM is not valid UTF-8" in r.stderr.decode()
 
 
 def test_prompt_file_dash_with_stdin_closed_is_one_line(gen, tmp_path):
