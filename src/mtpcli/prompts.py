@@ -54,15 +54,17 @@ def decode(data: bytes, source: str) -> str:
 def from_argv(text: str | None, where: str) -> str | None:
     """Text from the command line or the environment, where Python keeps bytes that are not UTF-8 as surrogates:
     those replaced, with decode's warning naming WHERE (as the same bytes in a file get)."""
+    if text is None:
+        return None
     try:
-        text is None or text.encode()
-        return text
+        text.encode()
     except UnicodeEncodeError:
         return decode(text.encode("utf-8", "surrogateescape"), where)
+    return text
 
 
 class TooLong(ValueError):
-    pass
+    """A prompt past MAX_BYTES."""
 
 
 def read_capped(f: BinaryIO, what: str) -> bytes:
