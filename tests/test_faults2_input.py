@@ -43,7 +43,8 @@ def test_invalid_utf8_in_prompt_and_system_is_replaced_with_a_warning_naming_the
     bad = os.fsdecode(b"ab\xffc")  # as Python keeps argv bytes that are not UTF-8
     r = mtpcli(*gen, "-p", bad, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout, r.stderr.decode()
-    assert r.stderr.decode() == "mtpcli: warning: --prompt is not valid UTF-8 (byte 2); invalid bytes replaced with U+FFFD\n"
+    assert r.stderr.decode() == ("mtpcli: warning: --prompt is not valid UTF-8 (byte 2); invalid bytes replaced with "
+                                 "U+FFFD\n")
     chat = ["generate", "-m", tiny_paths["chat"], "--max-tokens", 3, "-q", "-p", "ab"]
     r = mtpcli(*chat, "--system", bad, cwd=tmp_path)
     assert r.returncode == 0 and "warning: --system is not valid UTF-8" in r.stderr.decode(), r.stderr.decode()

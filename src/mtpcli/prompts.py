@@ -98,7 +98,8 @@ def _jsonl_row(index: int, source: str, line: str) -> Item:
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
         return Item(index, source, error=f"{source}: needs a JSON object with a string \"prompt\"")
     if unknown := sorted(set(row) - {"prompt", "max_tokens", "seed", "id"}):
-        return Item(index, source, error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed, id)")
+        return Item(index, source,
+                    error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed, id)")
     for key in ("max_tokens", "seed"):
         if key in row and (type(row[key]) is not int or not SCHEMA[key].check(row[key])):
             return Item(index, source, error=f"{source}: {key} must be an integer ({SCHEMA[key].allowed})")
