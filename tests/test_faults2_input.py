@@ -52,6 +52,15 @@ def test_invalid_utf8_in_prompt_and_system_is_replaced_with_a_warning_naming_the
     assert r.returncode == 0 and "warning: env MTPCLI_SYSTEM is not valid UTF-8" in r.stderr.decode()
 
 
+def test_a_lone_surrogate_in_a_jsonl_prompt_is_replaced_with_a_warning(tmp_path, capsys):
+    src = tmp_path / "p.jsonl"
+    src.write_text('{"prompt": "ab\\ud800c"}\n')
+    item = prompts.read_jsonl(str(src))[0]
+    assert item.error is None and item.text.startswith("ab\ufffd") and item.text.endswith("c")
+    item.text.encode()  # what a tokenizer takes
+    assert f"{src}:1 is not valid UTF-8" in capsys.readouterr().err
+
+
 def test_prompt_file_dash_with_stdin_closed_is_one_line(gen, tmp_path):
     r = mtpcli(*gen, "--prompt-file", "-", cwd=tmp_path, input=None, preexec_fn=lambda: os.close(0))
     assert "--prompt-file -: stdin is closed" in _one_line(r)

@@ -82,10 +82,10 @@ def generate(
 
     if text is not None and prompt is not None:
         raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt, not both")
-    prompt = prompts.from_argv(text if prompt is None else prompt, "--prompt" if prompt is not None else "PROMPT")
+    prompt = prompts.valid_text(text if prompt is None else prompt, "--prompt" if prompt is not None else "PROMPT")
     cfg = config.resolve(profile or _global["profile"], flags)
     where = "--system" if cfg.origins["system"] == "flag" else cfg.origins["system"]  # (or env MTPCLI_SYSTEM)
-    if (system := prompts.from_argv(cfg.system, where)) != cfg.system:
+    if (system := prompts.valid_text(cfg.system, where)) != cfg.system:
         cfg = dataclasses.replace(cfg, system=system)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)

@@ -51,15 +51,19 @@ def decode(data: bytes, source: str) -> str:
         return data.decode("utf-8-sig", errors="replace")
 
 
-def from_argv(text: str | None, where: str) -> str | None:
-    """Text from the command line or the environment, where Python keeps bytes that are not UTF-8 as surrogates:
-    those replaced, with decode's warning naming WHERE (as the same bytes in a file get)."""
+def valid_text(text: str | None, where: str) -> str | None:
+    """TEXT with its surrogates replaced, with decode's warning naming WHERE (as the same bytes in a file get): the
+    command line's and the environment's bytes that are not UTF-8 (Python keeps them as surrogates), or a lone
+    surrogate a JSON string escapes (\\ud800), which no tokenizer takes."""
     if text is None:
         return None
     try:
         text.encode()
     except UnicodeEncodeError:
-        return decode(text.encode("utf-8", "surrogateescape"), where)
+        try:
+            return decode(text.encode("utf-8", "surrogateescape"), where)
+        except UnicodeEncodeError:
+            return decode(text.encode("utf-8", "surrogatepass"), where)
     return text
 
 
@@ -103,7 +107,8 @@ def _jsonl_row(index: int, source: str, line: str) -> Item:
     for key in ("max_tokens", "seed"):
         if key in row and (type(row[key]) is not int or not SCHEMA[key].check(row[key])):
             return Item(index, source, error=f"{source}: {key} must be an integer ({SCHEMA[key].allowed})")
-    return Item(index, source, row["prompt"], row.get("max_tokens"), row.get("seed"), id=row.get("id"))
+    return Item(index, source, valid_text(row["prompt"], source), row.get("max_tokens"), row.get("seed"),
+                id=row.get("id"))
 
 
 def stdin(flag: str) -> BinaryIO:
