@@ -103,7 +103,8 @@ def test_typical_warning_present_when_on_absent_when_off(gen, tiny_paths):
     off = gen("--draft-model", tiny_paths["draft"], "--temp", "1")
     assert "[typical-accept]" not in off.stderr.decode()
     greedy = gen("--draft-model", tiny_paths["draft"], "--typical-threshold", "0.09")
-    assert "[typical-accept]" not in greedy.stderr.decode()  # T=0: the lane is a no-op
+    lines = [x for x in greedy.stderr.decode().splitlines() if x.startswith(TYPICAL_TAG)]
+    assert len(lines) == 1 and "a no-op at temp 0" in lines[0]  # T=0: the lane is a no-op, and says so (issue 60)
 
 
 @pytest.mark.parametrize("args,needle", [

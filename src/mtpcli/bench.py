@@ -15,7 +15,7 @@ from mlx_lm.sample_utils import make_sampler
 from . import assemble, config, models, prompts, runlog
 from .engine import Request
 from .errors import UsageError
-from .generate import encode_prompt
+from .generate import encode_prompt, typical_line
 from .stats import RunStats, table
 
 
@@ -95,9 +95,10 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     arms = [Arm(name, config.resolve(name, overrides)) for name in profile_names]
     if "mlx-lm" in baselines and not draft_model:
         raise UsageError("--baseline mlx-lm needs --draft-model")
-    for baseline, name, settings, kind in (("ar", "ar (plain)", {**overrides, "draft": "none"}, "mtpcli"),
+    plain = {**overrides, "draft": "none", "draft_model": None, "num_draft_tokens": None}  # (no draft to refuse)
+    for baseline, name, settings, kind in (("ar", "ar (plain)", plain, "mtpcli"),
                                            ("mlx-lm", "mlx-lm speculative", overrides, "mlx-lm"),
-                                           ("mlx-lm-plain", "mlx-lm plain", {**overrides, "draft": "none"}, "mlx-lm")):
+                                           ("mlx-lm-plain", "mlx-lm plain", plain, "mlx-lm")):
         if baseline in baselines:  # on the first profile's settings
             arms.append(Arm(name, config.resolve(profile_names[0], settings), kind))
     target = models.load(model, "target model")
@@ -110,6 +111,13 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     first = arms[0].cfg
     encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first.chat, first.system),
                                     prompt_tokens)) for it in prompts.bench_set(prompt_source)]
+    name, longest = max(encoded, key=lambda e: len(e[1]))
+    if (limit := models.max_context(target.config)) and len(longest) + max_tokens > limit:  # as generate refuses it
+        raise UsageError(f"prompt {name}: its {len(longest)} tokens" + " (--prompt-tokens)" * bool(prompt_tokens) +
+                         f" and --max-tokens {max_tokens} run past the model's context of {limit} tokens")
+    for arm in arms:
+        if progress and (line := typical_line(arm.cfg)):
+            progress(f"{line} (arm {arm.name})")
 
     def one(arm, ids, seed, n):
         return (run_mlx_lm if arm.kind == "mlx-lm" else run_mtpcli)(arm.cfg, target, dmodel, ids, seed, n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import tomli_w  # noqa: E402
 import typer  # noqa: E402
 
 from . import blas, config, report  # noqa: E402
-from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
+from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
 from .options import Sections, settings  # noqa: E402
 
@@ -63,10 +64,10 @@ def generate(
     text: Optional[str] = typer.Argument(None, metavar="PROMPT", show_default=False, help="Prompt text, as -p/--prompt."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", rich_help_panel="Prompt", help="Prompt text (default: stdin)."),
     prompt_file: Optional[List[str]] = typer.Option(None, "--prompt-file", rich_help_panel="Prompt", help="Read the whole prompt from a file; - is stdin. Repeat it, or give a folder (its *.txt files), to decode several prompts as one batch."),
-    prompts_jsonl: Optional[str] = typer.Option(None, "--prompts-jsonl", rich_help_panel="Prompt", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\" and \"seed\"."),
+    prompts_jsonl: Optional[List[str]] = typer.Option(None, "--prompts-jsonl", rich_help_panel="Prompt", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\", \"seed\" and \"id\" (passed through to the json and jsonl rows); - is stdin. Repeat it to read several files."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, rich_help_panel="Prompt", help="Rows decoded together with several prompts (default: all, capped by memory); finished rows are refilled."),
     profile: Optional[str] = typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."),
-    num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, rich_help_panel="Output", help="Independent completions of the prompt (prefilled once)."),
+    num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, rich_help_panel="Output", help="Independent completions of the prompt (prefilled once); not a token count (that is --max-tokens)."),
     separator: str = typer.Option("\n\n", "--separator", rich_help_panel="Output", show_default=r"\n\n", help="Text between completions in text format."),
     stats_json: Optional[str] = typer.Option(None, "--stats-json", rich_help_panel="Output", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Hide the statistics table on stderr."),
@@ -81,8 +82,11 @@ def generate(
 
     if text is not None and prompt is not None:
         raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt, not both")
-    prompt = text if prompt is None else prompt
+    prompt = prompts.valid_text(text if prompt is None else prompt, "--prompt" if prompt is not None else "PROMPT")
     cfg = config.resolve(profile or _global["profile"], flags)
+    where = "--system" if cfg.origins["system"] == "flag" else cfg.origins["system"]  # (or env MTPCLI_SYSTEM)
+    if (system := prompts.valid_text(cfg.system, where)) != cfg.system:
+        cfg = dataclasses.replace(cfg, system=system)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     if num_completions > 1 and not single:
@@ -204,7 +208,7 @@ def profile_path():
 def bench_cmd(
     model: str = typer.Option(..., "--model", "-m", help=SCHEMA["model"].help),
     profiles_: str = typer.Option("exact", "--profiles", help="Comma-separated profiles, one arm each; the first is the reference."),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds 0..N-1, each run on every prompt."),
+    seeds: int = typer.Option(3, "--seeds", min=1, max=1000, help="Seeds 0..N-1, each run on every prompt."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="Folders of .txt prompts (recursive), .jsonl files of {\"prompt\"} or text files, comma-separated (default: the shipped content classes)."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens per run."),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="Cut or repeat every prompt to N tokens."),
@@ -222,10 +226,12 @@ def bench_cmd(
 
     if bad := next((x for x in baseline or [] if x not in ("ar", "mlx-lm", "mlx-lm-plain")), None):
         raise UsageError(f"--baseline {bad!r}: choose ar, mlx-lm or mlx-lm-plain")
+    if not (profile_names := [p.strip() for p in profiles_.split(",") if p.strip()]):
+        raise UsageError(f"--profiles {profiles_!r}: give at least one profile name")
     if out:
         check_writable("--out", out)
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
-                     profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
+                     profile_names=profile_names, seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
                      argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
     try:
@@ -358,7 +364,14 @@ def main() -> None:
         try:
             code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from blas.fast)
             code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
-            sys.stdout.flush()  # a reader that left shows here, not at the interpreter's exit
+            try:
+                if sys.stdout is not None:  # (None: stdout closed before the start, and print writes nothing)
+                    sys.stdout.flush()  # a reader that left, or a full disk, shows here, not at the interpreter's exit
+            except OSError as e:
+                if isinstance(e, BrokenPipeError):
+                    raise
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (what is left in stdout's buffer goes nowhere at exit)
+                raise MtpError(f"stdout: {e.strerror or e}", EXIT_IO) from None
         except SystemExit:  # click ends a command whose stdout closed with exit 1, its streams made quiet
             if type(sys.stdout).__name__ == "PacifyFlushWrapper":
                 raise BrokenPipeError from None
@@ -371,7 +384,7 @@ def main() -> None:
         print("mtpcli: interrupted", file=sys.stderr)
         sys.exit(EXIT_TERMINATED if e.args == (EXIT_TERMINATED,) else EXIT_INTERRUPTED)
     except BrokenPipeError:  # every command alike: silent, 141 (as a shell reports a process SIGPIPE ended)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())  # nothing left to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing left to flush at exit
         sys.exit(EXIT_PIPE)
     except Exception as e:  # click's usage errors (typer vendors click), then real bugs
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):

@@ -22,7 +22,7 @@ else:  # pragma: no cover
 
 import tomli_w
 
-from .errors import UsageError
+from .errors import EXIT_RUNTIME, MtpError, UsageError
 
 SHIPPED_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = "exact"
@@ -32,6 +32,8 @@ DRAFTED = ("auto", "model", "eagle3", "dflash")  # the draft values that read --
 AUTO_N_MAX = 8  # the widest draft `auto` considers, unless n_max is set
 AUTO_N_MAX_HISTORY = 16  # ... with the history on (a stored answer repeated is worth long drafts)
 SEEDS = 1 << 64  # mx.random.key takes 0..2^64-1
+MIN_TEMP = 1e-6  # below it (but 0) logits / temp overflow float32 on ordinary logits: softmax of inf - inf is NaN
+MAX_EXTENDS = 64  # profiles in one `extends` chain
 BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
 
 
@@ -63,7 +65,8 @@ class Config:
     num_draft_tokens: int = key(4, "Draft width: tokens drafted per verify cycle (setting it pins the width; draft = "
                                 "auto otherwise chooses it).", _rng(1, 64), "1..64")
     max_tokens: int = key(256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1")
-    temp: float = key(0.0, "Sampling temperature; 0 is greedy.", _rng(0.0), ">= 0", "--temp")
+    temp: float = key(0.0, "Sampling temperature; 0 is greedy.", lambda v: v == 0 or _rng(MIN_TEMP)(v),
+                      f"0 or >= {MIN_TEMP:g}", "--temp")
     top_p: float = key(1.0, "Nucleus sampling mass, in (0, 1]; 1 is off.", _rng(0.0, 1.0, lo_open=True), "(0, 1]")
     top_k: int = key(0, "Keep only the k most likely tokens; 0 is off.", _rng(0), ">= 0")
     min_p: float = key(0.0, "Drop tokens below min_p times the top token's probability; 0 is off.",
@@ -76,7 +79,8 @@ class Config:
     tree: str = key("off", "Draft trees: several candidates per position (earlier occurrences, the draft's next most "
                     "likely tokens) verified in one target pass, exact at every temperature. A node budget per cycle, "
                     "auto (a tree where its expected tokens per second beat the chain's) or off.",
-                    lambda v: v in ("off", "auto") or (v.isdigit() and 2 <= int(v) <= 64), "off, auto or 2..64",
+                    lambda v: v in ("off", "auto") or (re.fullmatch("[0-9]+", v) and 2 <= int(v) <= 64),
+                    "off, auto or 2..64",
                     "--spec-tree")
     tree_children: int = key(3, "Most children per node of a draft tree.", _rng(2, 8), "2..8", "--spec-tree-children")
     adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
@@ -196,10 +200,15 @@ def default_name() -> str:
 def set_default(name: str) -> Path:
     load(name)  # refuse unknown or broken profiles before persisting
     cfg = config_file()
-    cfg.parent.mkdir(parents=True, exist_ok=True)
     tmp = cfg.with_suffix(".tmp")
-    tmp.write_text(tomli_w.dumps({"default_profile": name}))
-    tmp.replace(cfg)
+    try:
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(tomli_w.dumps({"default_profile": name}))
+        tmp.replace(cfg)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise MtpError(f"{cfg}: not written ({e.strerror or e}); the default profile is unchanged", EXIT_RUNTIME) \
+            from None
     return cfg
 
 
@@ -261,6 +270,9 @@ def load(name_or_path: str, _seen: tuple[str, ...] = (), where: str = "") -> Pro
     seen = _seen + (str(path.resolve()),)
     if seen[-1] in _seen:
         raise UsageError(f"{path}: 'extends' forms a cycle ({' -> '.join(Path(p).stem for p in seen)})")
+    if len(seen) > MAX_EXTENDS:
+        raise UsageError(f"{Path(seen[0])}: its 'extends' chain is longer than {MAX_EXTENDS} profiles "
+                         f"({' -> '.join(Path(p).stem for p in seen[:3])} -> ...)")
     data = _read_toml(path)
     description = data.pop("description", "")
     parent = data.pop("extends", None)
@@ -282,7 +294,7 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
     """The configuration with precedence: flag > environment (MTPCLI_*) > profile > built-in default."""
     env = os.environ if env is None else env
     if asked := profile or env.get("MTPCLI_PROFILE"):
-        prof = load(asked)
+        prof = load(asked, where="" if profile else "environment MTPCLI_PROFILE: ")
     else:
         prof = load(default_name(), where=f"{_key_line(config_file(), 'default_profile')}: default_profile: ")
     v: dict[str, Any] = {}
@@ -309,6 +321,9 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
     if v["draft"] in DRAFTED[1:] and not v["draft_model"]:
         raise UsageError(f"--draft {v['draft']} needs --draft-model PATH_OR_ID" + {"eagle3": " (an EAGLE-3 head's folder)",
                          "dflash": " (a DFlash drafter's folder)"}.get(v["draft"], ""))
+    if v["draft"] == "none" and (unused := [SCHEMA[k].option for k in ("draft_model", "num_draft_tokens", "adaptive")
+                                            if origins[k] == "flag" and v[k]]):
+        raise UsageError(f"--draft none drafts nothing: {' and '.join(unused)} would not be used")
     if v["draft"] == "history":
         if v["history"] is False and origins["history"] != "default":
             raise UsageError(f"--draft history needs the history, but history is off ({origins['history']})")

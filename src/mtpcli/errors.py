@@ -7,6 +7,7 @@ EXIT_MODEL = 3  # a model could not be found, fetched, converted or paired with 
 EXIT_INTERRUPTED = 130  # Ctrl-C: what was committed is printed, then the statistics so far
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15): ends a run like Ctrl-C
 EXIT_PIPE = 141  # stdout was closed by the reader (e.g. `| head -c 10`)
+EXIT_IO = 74  # stdout could not be written (a full disk, /dev/full): sysexits' EX_IOERR
 
 
 class MtpError(Exception):

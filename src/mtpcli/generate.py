@@ -18,7 +18,7 @@ import mlx.core as mx
 from . import assemble, config, distributed, eagle, models, runlog
 from .distributed import sharded
 from .engine import Request
-from .errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
 from .gguf_convert import cache_dir, status as working
 from .costs import PRIOR_ACCEPT, Costs
 from .prompts import Item
@@ -26,6 +26,8 @@ from .stats import RunStats, render
 from .writers import Completion, Writer, check_writable, write_file
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"
+CHARS_PER_TOKEN = 8  # a prompt longer than this many characters per token of context is counted on a prefix first
+MANY = 16  # -n above this: a note that -n counts completions (llama-cli's -n counts tokens)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,20 @@ def err(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+def chat_on(tokenizer, chat: bool | None) -> bool:
+    return tokenizer.has_chat_template if chat is None else chat
+
+
+def typical_line(cfg: config.Config) -> str | None:
+    """The typical law's warning, for every run that sets it (at T = 0 it changes nothing, and says so)."""
+    if cfg.typical_threshold > 0:
+        noop = " a no-op at temp 0 (greedy);" if cfg.temp == 0 else ""
+        return f"{TYPICAL_TAG}{noop} threshold={cfg.typical_threshold} eps={cfg.typical_eps}"
+    return None
+
+
 def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -> list[int]:
-    use_chat = tokenizer.has_chat_template if chat is None else chat
+    use_chat = chat_on(tokenizer, chat)
     if use_chat and not tokenizer.has_chat_template:
         raise UsageError("--chat: the model's tokenizer has no chat template")
     if not use_chat:
@@ -60,12 +74,20 @@ def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -
 
 def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer, limit: int | None):
     """Encode every usable prompt; (completions, requests, notes). -n N makes N requests of one prompt and seed;
-    max_tokens is capped where the prompt and its answer would not fit in the context (a note per row)."""
-    completions, requests, capped = [], [], []
+    max_tokens is capped where the prompt and its answer would not fit in the context (a note per row). A prompt
+    far longer than the context in characters is refused on a prefix's count, before the whole is tokenized."""
+    completions, requests, said = [], [], []
+    if cfg.system and not chat_on(tokenizer, cfg.chat):
+        said.append("mtpcli: warning: --system is not used: " + ("--no-chat" if cfg.chat is False else
+                                                                 "the model's tokenizer has no chat template"))
     for it in items:
         where = "" if opts.single else f"{it.source}: "  # several prompts: a line names its own
         if it.error is None and not (it.text or "").strip():
             it.error = f"empty prompt ({it.source})" if opts.single else f"{where}empty prompt"
+        if it.error is None and limit and len(it.text) > CHARS_PER_TOKEN * limit:
+            if (n := len(tokenizer.encode(it.text[: CHARS_PER_TOKEN * limit]))) >= limit:
+                it.error = (f"{where}prompt is at least {n} tokens (in its first {CHARS_PER_TOKEN * limit} of "
+                            f"{len(it.text)} characters), longer than the model's context of {limit} tokens")
         ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system) if it.error is None else None
         if ids == []:  # (a tokenizer that knows none of the text: nothing to decode from)
             it.error, ids = f"{where}the model's tokenizer encodes the prompt to no tokens", None
@@ -77,13 +99,13 @@ def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer
         asked = it.max_tokens or cfg.max_tokens
         room = asked if ids is None or not limit else min(asked, limit - len(ids))
         if room < asked:
-            capped.append(f"mtpcli: note: {where}max_tokens {asked} capped at {room}: the prompt's {len(ids)} tokens "
-                          f"and the answer fill the model's context of {limit} tokens")
+            said.append(f"mtpcli: note: {where}max_tokens {asked} capped at {room}: the prompt's {len(ids)} tokens "
+                        f"and the answer fill the model's context of {limit} tokens")
         for c in range(opts.n):
             completions.append(Completion(len(completions), it))
             if ids is not None:
                 requests.append(Request(completions[-1].index, ids, room, seed, c))
-    return completions, requests, capped
+    return completions, requests, said
 
 
 def batch_size(model_config: dict, requests: list[Request], asked: int | None) -> int:
@@ -151,7 +173,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
         target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
             models.load(cfg.model, "target model")
     head = draft_head(cfg, group)
-    completions, requests, capped = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
+    completions, requests, said = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
@@ -167,7 +189,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
     engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
         assemble.engine(cfg, target, draft, size, store, keep=opts.log)
-    notes(cfg, engine, requests, opts, size, capped)
+    notes(cfg, engine, requests, opts, size, said)
     writer = Writer(cfg.format, sys.stdout, target.tokenizer, completions, opts.separator, not opts.single,
                     engine.runs)
     started, t0 = time.time(), time.perf_counter()
@@ -186,7 +208,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
             "batch": record["batch"]}
         doc.update({k: record[k] for k in ("settings", "auto", "distributed") if k in record})
         writer.write(json.dumps(doc) + "\n")
-    status = EXIT_PIPE if writer.closed else status
+    status = (EXIT_IO if writer.failed else EXIT_PIPE) if writer.closed else status
     if report(cfg, total, record, opts, len(items)) and status == 0:  # --stats-json was not written
         status = EXIT_RUNTIME
     if group.root and (why := idle_draft_model(cfg, record)):  # (after the table, which shows the sources' shares)
@@ -196,7 +218,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
         how = "terminated" if status == EXIT_TERMINATED else "interrupted"
         err(f"mtpcli: {how} after {total.generated_tokens} tokens")
     if writer.closed:
-        err(f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
+        err(f"mtpcli: error: stdout: {writer.failed}; stopped after {total.generated_tokens} tokens" if writer.failed
+            else f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
     if failed and status == 0:
         err(f"mtpcli: {failed} of {len(items)} prompts failed (see their rows)")
         status = EXIT_RUNTIME
@@ -209,10 +232,11 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     return status
 
 
-def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, size: int, capped: list[str]) -> None:
+def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, size: int, said: list[str]) -> None:
     """What a user should know before the output: MLX's slow reference BLAS (once per cache folder, never with
-    --quiet), answers capped at the context, the typical law's warning, rows decoded one after another."""
-    for line in capped:
+    --quiet), what requests_for said (answers capped at the context, --system unused), the typical law's warning,
+    what -n counts, a --batch-size that does nothing, rows decoded one after another."""
+    for line in said:
         err(line)
     marker = cache_dir() / "blas-hint-shown"
     if os.environ.get("MTPCLI_BLAS_HINT") and not opts.quiet and not marker.exists():
@@ -221,8 +245,13 @@ def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, si
         with contextlib.suppress(OSError):
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
-    if cfg.law == "typical":
-        err(f"{TYPICAL_TAG} threshold={cfg.typical_threshold} eps={cfg.typical_eps}")
+    if line := typical_line(cfg):
+        err(line)
+    if opts.n > MANY:
+        err(f"mtpcli: note: -n {opts.n} decodes {opts.n} completions of the prompt (--max-tokens sets the tokens of "
+            f"each; llama-cli's -n is a token count)")
+    if opts.batch_size and opts.single and opts.n == 1:
+        err("mtpcli: warning: --batch-size has no effect on one prompt and one completion (one row)")
     if len(requests) > 1 and engine.batch_size == 1 and size > 1:
         why = "MTP heads draft" if "mtp" in cfg.sources else "the target or draft model keeps recurrent state and"
         err(f"mtpcli: note: {why} one sequence at a time; decoding the prompts one after another")

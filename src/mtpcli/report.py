@@ -138,6 +138,8 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             doc = json.loads(open(file, encoding="utf-8").read())
         except (OSError, ValueError) as e:
             raise UsageError(f"--file {file}: {getattr(e, 'strerror', None) or e}") from None
+        except RecursionError:
+            raise UsageError(f"--file {file}: not a run's statistics (JSON nested too deeply)") from None
         if not isinstance(doc, dict):
             kind = "null" if doc is None else type(doc).__name__
             raise UsageError(f"--file {file}: not a run's statistics (a JSON {kind})")

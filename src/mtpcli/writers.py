@@ -83,20 +83,25 @@ class Completion:
         return self.item.error is not None or self.finish_reason is not None
 
     def row(self, source: bool) -> dict[str, Any]:
-        head = {"index": self.index, **({"source": self.item.source} if source else {})}
+        head = {"index": self.index, **({"id": self.item.id} if self.item.id is not None else {}),
+                **({"source": self.item.source} if source else {})}
         if self.item.error:
             return {**head, "error": self.item.error}
-        return {**head, "text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
-                "stats": self.stats.to_dict() if self.stats else None}
+        stats = self.stats.to_dict() if self.stats else None
+        if stats and self.stats.shared_prompt:  # -n: an earlier completion prefilled the prompt, this one nothing
+            del stats["prefill_tps"]
+        return {**head, "text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason, "stats": stats}
 
 
 class Writer:
-    """Completions on stdout in input order, as above; once the pipe is closed (`closed`), nothing more is written."""
+    """Completions on stdout in input order, as above; once the pipe is closed or a write fails (`closed`; `failed`
+    says why when it was not a reader that left), nothing more is written."""
 
     def __init__(self, fmt: str, out: TextIO, tokenizer, completions: list[Completion], separator: str,
                  source: bool, runs: dict):
         self.fmt, self.out, self.tok, self.rows, self.runs = fmt, out, tokenizer, completions, runs
-        self.separator, self.source, self.closed, self.detok = separator, source, False, tokenizer.detokenizer
+        self.separator, self.source, self.detok = separator, source, tokenizer.detokenizer
+        self.closed, self.failed = out is None, None  # (None: stdout was closed before the run)
         self.next = 0  # the first completion not yet fully written
         self.streamed: int | None = None  # tokens of rows[next] given to the detokenizer (None: not begun)
 
@@ -106,8 +111,8 @@ class Writer:
         try:
             self.out.write(text)
             self.out.flush()
-        except BrokenPipeError:
-            self.closed = True
+        except OSError as e:  # a reader that left, or a full disk
+            self.closed, self.failed = True, None if isinstance(e, BrokenPipeError) else e.strerror or str(e)
             os.dup2(os.open(os.devnull, os.O_WRONLY), self.out.fileno())  # so the exit's own flush stays quiet
 
     def event(self, index: int, tokens: list[int], finish: str | None) -> None:

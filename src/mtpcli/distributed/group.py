@@ -180,7 +180,7 @@ class _RankStderr(io.TextIOBase):
 
 def refuse_stdin(prompt, files, jsonl) -> None:
     """Under mlx.launch every rank reads the same input; the launcher never closes the ranks' stdin."""
-    if launched() and prompt is None and not jsonl and (not files or "-" in files):
+    if launched() and ("-" in (jsonl or ()) or prompt is None and not jsonl and (not files or "-" in files)):
         raise UsageError("under mlx.launch, give the prompt with --prompt, --prompt-file or --prompts-jsonl "
                          "(stdin is not passed on to the ranks)")
 
