@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import numpy as np
 
@@ -27,11 +29,13 @@ class ModelDrafter(Drafter):
     stops = True
     trees = True
 
-    def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512):
+    def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512, defer: bool = False):
+        """`defer`: a row starts with an empty cache and prefills its context when it first drafts (draft = auto
+        brings it in once that pays: policy.AutoPolicy.plan); else it prefills the prompt at the start."""
         self.lm = LM(model, role="draft model", prefill_step=prefill_step)
         self.lm.require_rollback()  # refused before decoding, not at the first rejection
         self.max_rows = 1 if self.lm.one_row else None
-        self.p_min = p_min
+        self.p_min, self.defer = p_min, defer
         self._proposed_from: list[int] = []
         self._fed = 0
 
@@ -42,8 +46,11 @@ class ModelDrafter(Drafter):
         self.lm.keep_rows(rows)
 
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        self.lm.set_row(row, prompt[:-1], keep)
+        self.lm.set_row(row, [] if self.defer else prompt[:-1], keep and not self.defer)
         self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
+
+    def backlog(self, row: int, context: list[int]) -> int:
+        return len(context) - int(self.lm.pos[row])
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
@@ -53,12 +60,18 @@ class ModelDrafter(Drafter):
         x, valid = np.zeros((B, m), np.int32), np.zeros((B, m), bool)
         for b, p in enumerate(pending):
             x[b, m - len(p):], valid[b, m - len(p):] = p, True
-        step_n = self.lm.prefill_step
-        while x.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks, committed
-            self.lm.forward(mx.array(x[:, :step_n]), valid[:, :step_n], last=True)
+        step_n, t0 = self.lm.prefill_step, time.perf_counter()
+        # a long backlog (cycles another source drafted), or a row's first draft (a deferred prompt: all of it but
+        # the last token): prefilled in chunks, committed
+        tail, fed = 1 if (self.lm.pos == 0).any() else step_n + 1, valid
+        while x.shape[1] > tail:
+            n = min(step_n, x.shape[1] - 1)
+            self.lm.forward(mx.array(x[:, :n]), valid[:, :n], last=True)
             mx.eval([getattr(c, "state", []) for c in self.lm.caches])
-            x, valid = x[:, step_n:], valid[:, step_n:]
+            x, valid = x[:, n:], valid[:, n:]
+        caught = fed[:, : m - x.shape[1]].sum(axis=1).tolist()
         block = [mx.array(x), valid]
+        catch_up_s = time.perf_counter() - t0 if any(caught) else 0.0
         self.lm.checkpoint()  # recurrent draft models: the state to come back to
 
         def step(t):
@@ -67,7 +80,9 @@ class ModelDrafter(Drafter):
             self._fed += 1
             return self.lm.forward(*block, last=True)[:, -1]
 
-        return chain_or_tree(self, step, caps, sp, keys, plan)
+        draft = chain_or_tree(self, step, caps, sp, keys, plan)
+        draft.caught_up, draft.catch_up_s = caught, catch_up_s
+        return draft
 
     def tree(self, chain: Draft, sp: SamplingParams, keys: list) -> Draft:
         """The chain, and siblings at its least sure positions (where the draft's most likely token is least
