@@ -257,6 +257,10 @@ def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
         accept = f"a first token accepted {costs.accept['model'][0]:.0%} of the time (kept)"
     else:
         accept = f"acceptance unmeasured (assumed {PRIOR_ACCEPT:.0%})"
+    if not record.get("draft_prefill_tokens") and table.prefill.get("model"):  # it never came in (deferred)
+        accept += (f"; it never prefilled the prompt's {record['prompt_tokens']} tokens "
+                   f"({table.prefill['model'] / step:.0%} of a step each: auto brings it in only where the rest of "
+                   "the answer pays that back)")
     return (f"mtpcli: note: draft model {cfg.draft_model} drafted in {drafted} of {cycles} cycles: draft = auto found "
             f"it did not pay, a draft token costing {cost} ({where}), {accept}; "
             f"--draft model uses it in every cycle")

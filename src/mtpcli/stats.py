@@ -143,8 +143,8 @@ class RunStats(_Drafts):
         """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
-                     "draft_prefill_s", "draft_prefill_tokens", "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
-                     "source_trace", "trees"):
+                     "draft_prefill_s", "draft_prefill_tokens", "decode_s", "accept_lengths", "draft_widths",
+                     "_typical_sums", "width_trace", "tpc_trace", "source_trace", "trees"):
             setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
