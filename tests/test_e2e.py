@@ -76,7 +76,7 @@ def test_the_gate_weighs_savings_over_the_remaining_tokens_against_the_catch_up(
                      warm=True, stops=["model"], prefills=["model"], backlog=lambda s, c: [backlog["n"]] * len(c))
     assert pol.plan([[0]], [6])[0] is None  # 6 tokens save ~4 steps, the catch-up costs 5
     assert pol.plan([[0]], [60])[0] == "model" and pol.caught == 100
-    assert pol.plan([[0], [0]], [4, 4])[0] is None  # two rows: twice the savings, twice the (padded) catch-up
+    assert pol.plan([[0], [0]], [4, 4])[0] is None  # two rows: twice the savings, twice the catch-up
     assert pol.plan([[0]])[0] == "model"  # no end known: it pays
     backlog["n"] = 2
     assert pol.plan([[0]], [2])[0] == "model"  # caught up: a cycle's backlog costs next to nothing
@@ -174,7 +174,7 @@ def test_the_deferred_model_is_distributed_as_the_target_when_it_joins_later(tin
     after a catch-up on the prompt and what lookup committed (the rest: rows refilled into a batch it drafts for)."""
     eng, first, second = law_pairs(tiny, sp, "abcabcabcabc")
     at = joined_at(eng)
-    assert sum(a >= 1 for a in at) > N * 0.3 and at.count(0) > N * 0.1, np.bincount(np.array(at) + 1)
+    assert sum(a >= 1 for a in at) > N * 0.15 and at.count(0) > N * 0.1, np.bincount(np.array(at) + 1)
     assert eng.stats.sources["ngram"].cycles > 0
     assert first and second
 

@@ -183,14 +183,14 @@ class AutoPolicy(WidthPolicy):
         return self.last
 
     def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:
-        """The tokens `source` would prefill before drafting now (rows left-padded: each as long as the longest);
-        its plans leave `scores` while that costs more than it would save over the rows' remaining tokens (`left`,
-        unknown: no end) drafting at its best rate instead of the best plan without it."""
+        """The tokens `source` would prefill before drafting now, over the rows; its plans leave `scores` while that
+        costs more than it would save over the rows' remaining tokens (`left`, unknown: no end) drafting at its best
+        rate instead of the best plan without it."""
         backlog = self.backlog(source, contexts)
         mine = [v for (s, _), v in scores.items() if s == source]
         if not backlog or not mine:
             return 0
-        tokens = len(contexts) * max(backlog)
+        tokens = sum(backlog)
         best, rest = max(mine), max(v for (s, _), v in scores.items() if s != source)  # (a plain step is one)
         saved = (sum(left) if left is not None else math.inf) * (1 / rest - 1 / best) if best > rest else 0.0
         if saved <= self.costs.catch_up(source, tokens):

@@ -50,28 +50,30 @@ class ModelDrafter(Drafter):
         self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
 
     def backlog(self, row: int, context: list[int]) -> int:
+        """(Where a kept prefill cache holds a prefix of a row not started yet, its prefill is only the rest: the
+        hook auto prices the draft model's coming in by.)"""
         return len(context) - int(self.lm.pos[row])
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
+        t0, caught = time.perf_counter(), [0] * B
+        for b, c in enumerate(contexts):  # a deferred row's first draft: its prefill, as at an eager start
+            if self.defer and self.lm.pos[b] == 0 and len(c) > 1:
+                self.lm.set_row(b, c[:-1])
+                caught[b] = len(c) - 1
+        catch_up_s = time.perf_counter() - t0 if any(caught) else 0.0
         self._proposed_from, self._fed = [len(c) for c in contexts], 0
         pending = [c[int(p):] for c, p in zip(contexts, self.lm.pos)]  # committed, not yet cached
         m = max(len(p) for p in pending)
         x, valid = np.zeros((B, m), np.int32), np.zeros((B, m), bool)
         for b, p in enumerate(pending):
             x[b, m - len(p):], valid[b, m - len(p):] = p, True
-        step_n, t0 = self.lm.prefill_step, time.perf_counter()
-        # a long backlog (cycles another source drafted), or a row's first draft (a deferred prompt: all of it but
-        # the last token): prefilled in chunks, committed
-        tail, fed = 1 if (self.lm.pos == 0).any() else step_n + 1, valid
-        while x.shape[1] > tail:
-            n = min(step_n, x.shape[1] - 1)
-            self.lm.forward(mx.array(x[:, :n]), valid[:, :n], last=True)
+        step_n = self.lm.prefill_step
+        while x.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks, committed
+            self.lm.forward(mx.array(x[:, :step_n]), valid[:, :step_n], last=True)
             mx.eval([getattr(c, "state", []) for c in self.lm.caches])
-            x, valid = x[:, n:], valid[:, n:]
-        caught = fed[:, : m - x.shape[1]].sum(axis=1).tolist()
+            x, valid = x[:, step_n:], valid[:, step_n:]
         block = [mx.array(x), valid]
-        catch_up_s = time.perf_counter() - t0 if any(caught) else 0.0
         self.lm.checkpoint()  # recurrent draft models: the state to come back to
 
         def step(t):
