@@ -107,7 +107,8 @@ def one(arm: tuple, prompt: str, args, home: Path, scratch: Path) -> dict:
     if r.returncode != 0:
         sys.exit(f"agent_loop: arm {name!r} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
     if kind == "mlx-lm":  # its text between the '==========' lines, its prompt's pace after them
-        text = r.stdout.split("==========")[0].strip()
+        parts = r.stdout.split("=" * 10)
+        text = parts[1].strip() if len(parts) > 2 else ""
         m = re.search(r"Prompt: (\d+) tokens, ([\d.]+) tokens-per-sec", r.stdout)
         tokens, ttft = (int(m[1]), int(m[1]) / float(m[2])) if m and float(m[2]) > 0 else (None, None)
     else:
@@ -140,7 +141,7 @@ def main() -> None:
         if not has_cache_flags():
             print(f"agent_loop: note: this mtpcli has no {' '.join(CACHE_OFF)}: the cache arms run alike",
                   file=sys.stderr)
-            ARMS[:] = [(n, k, [f for f in fl if f not in CACHE_OFF]) for n, k, fl in ARMS]
+            ARMS[:] = [(n, k, [f for f in fl if f not in CACHE_OFF + CACHE_ON]) for n, k, fl in ARMS]
         prefix, done, turns = prefix_text(args.smoke), [], []
         for t in range(args.turns):
             prompt = transcript(prefix, done, QUESTIONS[t % len(QUESTIONS)], args.smoke)

@@ -60,6 +60,34 @@ def test_the_deferred_draft_model_prefills_only_where_the_answer_pays_for_it(tin
         assert "model" not in st.sources and st.draft_prefill_tokens == 0 and st.draft_prefill_s < 0.05
 
 
+@pytest.mark.parametrize("kind", ["sliding-window", "hybrid"])
+def test_greedy_with_the_deferred_model_is_plain_decoding_on_windowed_and_hybrid_targets(tiny, tmp_path, kind):
+    from tiny import make_target
+
+    target = models.load(str(make_target(kind, tmp_path)))
+    ids = list(target.tokenizer.encode(PROMPT[:60]))
+    eng = deferred_engine((target, tiny[1]), PAYS, max_tokens=80)
+    assert run(eng, ids) == plain((target, None), ids, 80)
+    assert eng.stats.sources["model"].cycles and eng.stats.draft_prefill_tokens == len(ids) - 1
+
+
+def test_a_ragged_batch_brings_the_deferred_model_in_row_by_row_and_stays_plain_decoding(tiny):
+    """Rows of different prompts decoded together, refilled as they finish: each row's context is prefilled into
+    the draft model where the batch first drafts with it after the row started."""
+    from mtpcli.engine import Request
+
+    target, _ = tiny
+    texts = [PROMPT, PROMPT[:40], "x = 1\ny = ", PROMPT[20:90]]
+    eng = deferred_engine(tiny, PAYS, max_tokens=50, batch_size=3)
+    outs = {i: [] for i in range(len(texts))}
+    for ev in eng.generate([Request(i, list(target.tokenizer.encode(t)), 30 + 10 * i, 0) for i, t in
+                            enumerate(texts)]):
+        outs[ev.request].extend(ev.tokens)
+    for i, t in enumerate(texts):
+        assert outs[i] == plain(tiny, list(target.tokenizer.encode(t)), 30 + 10 * i)[0], i
+    assert eng.stats.sources["model"].cycles and eng.stats.draft_prefill_tokens > 0
+
+
 def test_an_eager_draft_model_prefills_the_prompt_at_the_start_and_counts_it(tiny):
     target, draft = tiny
     ids = list(target.tokenizer.encode(PROMPT))
@@ -225,5 +253,7 @@ def test_the_agent_loop_benchmark_runs_on_the_tiny_model(tmp_path):
         assert set(t["arms"]) == set(arms)
         for name, m in t["arms"].items():
             assert m["wall_s"] > 0 and m["ttft_s"] is not None and m["ttft_s"] > 0, (name, m)
+        assert len({m["text"] for n, m in t["arms"].items() if not n.startswith("mlx-lm")}) == 1  # T = 0: alike
+        assert t["arms"][arms[0]]["text"]
     assert doc["turns"][1]["prompt_tokens"] > doc["turns"][0]["prompt_tokens"]  # the transcript grows
     assert "loop" in r.stdout.decode()
