@@ -117,9 +117,11 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     target = models.load(model, "target model")
     t1 = time.perf_counter()
     dmodel = models.load_draft(draft_model, target) if draft_model else None
+    t2 = time.perf_counter()
     for arm in arms:  # the models each arm's run loads
-        uses_draft = arm.cfg.draft != "none" and (arm.kind == "mlx-lm" or arm.cfg.draft in config.DRAFTED)
-        arm.load_s = t1 - t0 + (time.perf_counter() - t1 if dmodel is not None and uses_draft else 0.0)
+        uses_draft = dmodel is not None and arm.cfg.draft != "none" and (arm.kind == "mlx-lm" or
+                                                                          arm.cfg.draft in config.DRAFTED)
+        arm.load_s = t1 - t0 + (t2 - t1 if uses_draft else 0.0)
     head = dmodel.kind if dmodel is not None and dmodel.kind != "model" else None
     if head and "mlx-lm" in baselines:
         raise UsageError(f"--baseline mlx-lm needs a draft model; --draft-model '{draft_model}' is a trained head")
