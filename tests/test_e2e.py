@@ -45,7 +45,7 @@ def plain(pair, ids, max_tokens):
 
 @pytest.mark.parametrize("answer, joins", [(6, False), (120, True)])
 def test_the_deferred_draft_model_prefills_only_where_the_answer_pays_for_it(tiny, answer, joins):
-    """106 prompt tokens cost 5.3 steps to catch up on; drafting saves ~0.7 of a step per token: a 6-token answer
+    """103 prompt tokens cost 5.2 steps to catch up on; drafting saves ~0.7 of a step per token: a 6-token answer
     is decoded without the model (it prefills nothing), a 120-token one brings it in; both are plain decoding's
     tokens at T = 0."""
     ids = list(tiny[0].tokenizer.encode(PROMPT))
