@@ -42,6 +42,7 @@ def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False)
 
 
 def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store) -> Drafter:
+    """One draft source; under draft = auto a draft model defers its prompt's prefill until auto brings it in."""
     if kind == "ngram":
         return NgramDrafter(cfg.ngram_min, cfg.ngram_max)
     if kind == "history":
@@ -52,7 +53,7 @@ def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded |
         return EagleDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
     if kind == "dflash":
         return DFlashDrafter(draft.model, prefill_step=cfg.prefill_step)
-    return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+    return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step, defer=cfg.draft == "auto")
 
 
 def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None,
@@ -118,8 +119,9 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
              for n in names if n in ("model", "eagle3", "dflash", "mtp")}  # a draft's size over the target's
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
+    prefills = [n for n, d in drafter.sources.items() if d.defer]  # a deferred draft model
     return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,
-                      rebase=rebase)
+                      rebase=rebase, prefills=prefills, backlog=drafter.backlogs)
 
 
 def costs_key(cfg: Config, batch_size: int) -> str:
@@ -145,6 +147,7 @@ def use_kept_costs(policy: AutoPolicy, key: str) -> None:
     if kept is not None:
         prior = policy.costs
         kept.per_token = {n: kept.per_token.get(n, prior.per_token[n] * kept.step) for n in policy.sources}
+        kept.prefill = {**{n: v * kept.step for n, v in prior.prefill.items()}, **kept.prefill}
         policy.use(kept, warm=True)
 
 

@@ -1,4 +1,5 @@
-"""`mtpcli bench`: arms compared in one run, on the same prompts and seeds, interleaved after a warm-up."""
+"""`mtpcli bench`: arms compared in one run, on the same prompts and seeds, interleaved after a warm-up: decode speed,
+and end to end (a run as a fresh process pays it: loading the models it uses, each model's prefill, the decode)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Arm:
     name: str
     cfg: config.Config
     kind: str = "mtpcli"  # mtpcli | mlx-lm
+    load_s: float = 0.0  # loading the models it uses (timed once: bench loads them once for every arm)
     runs: dict[int, list[RunStats]] = field(default_factory=dict)  # seed -> one RunStats per prompt
     outputs: list[dict[str, Any]] = field(default_factory=list)
 
@@ -77,11 +79,22 @@ def spread(values) -> dict[str, float] | None:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
 
 
+def end_to_end(st: RunStats, load_s: float) -> float:
+    """A run's seconds from start to exit, as a fresh process pays them: loading, each model's prefill, decoding."""
+    return load_s + st.prefill_s + st.draft_prefill_s + st.decode_s
+
+
 def summarize(arm: Arm) -> dict[str, Any]:
-    per_seed = [RunStats.total(runs) for _, runs in sorted(arm.runs.items())]
+    seeds = [runs for _, runs in sorted(arm.runs.items())]
+    per_seed = [RunStats.total(runs) for runs in seeds]
     # decode tok/s: RunStats.decode_tps, as `mtpcli stats` shows it (per seed, over its prompts; logged: every seed)
     out = {k: spread([getattr(s, k) for s in per_seed])
            for k in ("decode_tps", "tokens_per_cycle", "acceptance_rate", "prefill_tps", "ttft_s")}
+    # end to end: seconds of a run, per seed the mean over its prompts
+    mean = lambda f: spread([statistics.fmean(f(r) for r in runs) for runs in seeds])  # noqa: E731
+    out["e2e"] = {"load_s": arm.load_s, "ttft_s": mean(lambda r: r.ttft_s or 0.0),
+                  **{k: mean(lambda r, k=k: getattr(r, k)) for k in ("prefill_s", "draft_prefill_s", "decode_s")},
+                  "run_s": mean(lambda r: end_to_end(r, arm.load_s))}
     return {"arm": arm.name, **out, "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
             "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
             "generated_tokens": sum(s.generated_tokens for s in per_seed)}
@@ -101,8 +114,15 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
                                            ("mlx-lm-plain", "mlx-lm plain", plain, "mlx-lm")):
         if baseline in baselines:  # on the first profile's settings
             arms.append(Arm(name, config.resolve(profile_names[0], settings), kind))
+    t0 = time.perf_counter()
     target = models.load(model, "target model")
+    t1 = time.perf_counter()
     dmodel = models.load_draft(draft_model, target) if draft_model else None
+    t2 = time.perf_counter()
+    for arm in arms:  # the models each arm's run loads
+        uses_draft = dmodel is not None and arm.cfg.draft != "none" and (arm.kind == "mlx-lm" or
+                                                                          arm.cfg.draft in config.DRAFTED)
+        arm.load_s = t1 - t0 + (t2 - t1 if uses_draft else 0.0)
     head = dmodel.kind if dmodel is not None and dmodel.kind != "model" else None
     if head and "mlx-lm" in baselines:
         raise UsageError(f"--baseline mlx-lm needs a draft model; --draft-model '{draft_model}' is a trained head")
@@ -137,9 +157,10 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
             progress(f"[{i}/{total}, {left // 60:.0f}m{left % 60:02.0f}s left] {arm.name} seed={seed} prompt={pname}: "
                      f"{st.decode_tps:.2f} decode tok/s, {st.tokens_per_cycle:.2f} tokens/cycle")
     summaries = [summarize(a) for a in arms]
-    base = summaries[0]["decode_tps"]["median"]
-    for s in summaries:
+    base, whole = summaries[0]["decode_tps"]["median"], summaries[0]["e2e"]["run_s"]["median"]
+    for s in summaries:  # speed over the first arm's: decode tok/s, and a whole run's seconds (theirs over ours)
         s["ratio"] = s["decode_tps"]["median"] / base if base else None
+        s["e2e_ratio"] = whole / s["e2e"]["run_s"]["median"] if s["e2e"]["run_s"]["median"] else None
     for arm in arms:  # to the run log (append_safely: not with log off)
         agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
         law = {"law": "mlx-lm"} if arm.kind == "mlx-lm" else {}
@@ -161,3 +182,9 @@ def render(result: dict[str, Any]) -> None:
              f"{s['peak_memory_bytes'] / 2**20:.0f} MiB"] for s in result["arms"]]
     table(["arm", "decode tok/s median [min-max]", "ratio", "tokens/cycle", "acceptance", "prefill tok/s", "TTFT s",
            "peak mem"], rows)
+    rows = [[s["arm"], f"{s['e2e']['load_s']:.2f}", *(f(s["e2e"][k]) for k in ("prefill_s", "draft_prefill_s", "ttft_s",
+                                                                              "decode_s", "run_s")),
+             f"{s['e2e_ratio']:.2f}x" if s["e2e_ratio"] else "-"] for s in result["arms"]]
+    print()
+    table(["arm", "load s", "prefill s", "draft prefill s", "TTFT s", "decode s", "run s (start to exit)",
+           "e2e ratio"], rows, title="end to end, per run: median [min-max] over seeds")

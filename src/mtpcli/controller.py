@@ -37,7 +37,8 @@ class WidthPolicy:
     def __post_init__(self):  # (the dataclass policies)
         self.reset()
 
-    def plan(self, contexts=None) -> Plan:
+    def plan(self, contexts=None, left=None) -> Plan:
+        """`left`: the tokens each row may still make (its max_tokens)."""
         return Plan(None, self.width())
 
     def start(self, batch: int, law: str) -> None:

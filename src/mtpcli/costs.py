@@ -4,6 +4,8 @@ target's confidence where that acceptance was measured). A run decides with one 
 machine's as the run log keeps it, or `prior_costs` from the models' sizes) while `CostFit` measures the run; after
 it, `Costs.settled` says what to keep: the table as it was while the run agrees with it within its error, else
 each figure moved towards the run's (a cost a fifth of the way, so that one busy run cannot switch drafting off).
+A source that prefills before it drafts (a deferred draft model) also costs seconds per token of what it catches up on
+(`prefill`), which `draft = auto` weighs against what the source would save over the rest of the answer.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def _pooled(old: list[float] | None, new: list[float]) -> list[float]:
 class Costs:
     """A cycle's seconds: step (a plain step) + fixed[s] + k * per_token[s]; what a source was found to do: its
     drafted tokens' acceptance [rate, tokens tested], the shift of its own estimates [log-odds, tokens], the
-    target's confidence where that acceptance was measured [mean, cycles]; `runs`: how many runs it pools."""
+    target's confidence where that acceptance was measured [mean, cycles]; `runs`: how many runs it pools;
+    `prefill`: seconds per token a source prefills before it drafts (its catch-up)."""
 
     step: float
     per_token: dict[str, float]
@@ -39,6 +42,11 @@ class Costs:
     shift: dict[str, list[float]] = field(default_factory=dict)
     conf: dict[str, list[float]] = field(default_factory=dict)
     runs: int = 1
+    prefill: dict[str, float] = field(default_factory=dict)
+
+    def catch_up(self, source: str, tokens: int) -> float:
+        """Seconds `source` takes to prefill `tokens` committed tokens."""
+        return tokens * self.prefill.get(source, 0.0)
 
     def time(self, source: str | None, k: int) -> float:
         if source is None or k == 0:
@@ -67,8 +75,9 @@ class Costs:
              if (n := ((d.get("visits") or {}).get(k, []) + [30.0] * len(v))[: len(v)]) and sum(n) > 0}
         shift, conf = ({str(k): [float(v[0]), float(v[1])] for k, v in (d.get(name) or {}).items()}
                        for name in ("shift", "conf"))
+        prefill = {str(k): float(v) for k, v in (d.get("prefill") or {}).items()}
         if not (step > 0 and math.isfinite(step + extra) and all(v >= 0 and math.isfinite(v) for v in
-                                                                   [*per.values(), *raw.values()])):
+                                                                   [*per.values(), *raw.values(), *prefill.values()])):
             raise ValueError("a non-positive or non-finite cost")
         if not all(0.0 <= a <= 1.0 and 0 <= n < math.inf for a, n in accept.values()):
             raise ValueError("an acceptance outside [0, 1]")
@@ -76,7 +85,7 @@ class Costs:
             raise ValueError("a shift outside [-6, 6]")
         if not all(0.0 < c <= 1.0 and n >= 0 for c, n in conf.values()):
             raise ValueError("a confidence outside (0, 1]")
-        return cls(step, per, fixed, accept, shift, conf, max(int(d.get("runs", 1)), 1))
+        return cls(step, per, fixed, accept, shift, conf, max(int(d.get("runs", 1)), 1), prefill)
 
     def settled(self, measured: "Costs") -> "Costs":
         """What to keep after a run measured `measured`: this table while every measured figure agrees with it
@@ -85,6 +94,8 @@ class Costs:
         times = [(self.time(s, w), measured.time(s, w)) for s in measured.per_token for w in (1, 4)]
         same = set(measured.per_token) <= set(self.per_token) and all(
             abs(a - b) <= 0.15 * a for a, b in [(self.step, measured.step)] + times)
+        same &= all(s in self.prefill and abs(self.prefill[s] - v) <= 0.25 * self.prefill[s]
+                    for s, v in measured.prefill.items())
         same &= all(s in self.accept and abs(self.accept[s][0] - x) <= max(0.05, 2 * math.sqrt(x * (1 - x) / n))
                     for s, (x, n) in measured.accept.items())
         same &= all(s in self.shift and abs(self.shift[s][0] - d) <= max(0.5, 4 / math.sqrt(max(n, 1.0)))
@@ -100,15 +111,19 @@ class Costs:
                      {**self.per_token, **{s: move(self.per_token.get(s), v) for s, v in measured.per_token.items()}},
                      {**self.fixed, **{s: move(self.fixed.get(s), v) for s, v in measured.fixed.items()}},
                      pooled(self.accept, measured.accept), pooled(self.shift, measured.shift),
-                     pooled(self.conf, measured.conf), min(self.runs + 1, 100))
+                     pooled(self.conf, measured.conf), min(self.runs + 1, 100),
+                     {**self.prefill, **{s: move(self.prefill.get(s), v) for s, v in measured.prefill.items()}})
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
     """Before any measurement, in units of a plain step: verifying a token costs 10% on a CPU, 2% on a GPU; a draft
-    model's token its size relative to the target's (at least 60% on a GPU); lookup nothing more."""
+    model's token its size relative to the target's (at least 60% on a GPU); lookup nothing more. A draft model
+    prefills a token for a tenth of its drafting one on a CPU (the 0.5B draft of a 1.5B target: 10-18 ms against
+    a 357 ms step, issue 54), a hundredth on a GPU."""
     verify = 0.02 if gpu else 0.10
-    return Costs(1.0, {s: verify + (max(r, 0.6) if gpu and r else r)
-                       for s, r in ((s, draft_ratio.get(s, 0.0)) for s in sources)})
+    draft = {s: (max(r, 0.6) if gpu else r) for s, r in draft_ratio.items() if r and s in sources}
+    return Costs(1.0, {s: verify + draft.get(s, 0.0) for s in sources},
+                 prefill={s: r * (0.01 if gpu else 0.1) for s, r in draft.items()})
 
 
 @dataclass
@@ -126,18 +141,22 @@ class CostFit:
     shapes: set = field(default_factory=set)  # the (source, width, ...) draft shapes so far
     skipped: int = 0  # timed cycles left out
     untimed: int = 0
+    catch_ups: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)  # (width, tokens, seconds)
 
-    def add(self, source: str | None, k: int, seconds: float | None, shape: tuple | None = ()) -> None:
+    def add(self, source: str | None, k: int, seconds: float | None, shape: tuple | None = (),
+            caught: int = 0) -> None:
         """A cycle of `source` at width k (None, 0: a plain step); seconds None: not timed, its shape compiled all
         the same. `shape`: what a draft's compiled pass depends on beyond (source, k), such as the rows; None: no
-        chain's (a tree's)."""
+        chain's (a tree's). `caught`: tokens the source prefilled first (its seconds time that, not a cycle)."""
         plain = source is None or not k
         key = None if plain or shape is None else (source, k, *shape)
         new = key is not None and key not in self.shapes
         if new:
             self.shapes.add(key)
-        if seconds is None:
+        if seconds is None or caught:
             self.untimed += 1
+            if seconds is not None:
+                self.catch_ups.setdefault(source, []).append((k, caught, seconds))
             return
         if not self.skipped or new:
             self.skipped += 1
@@ -171,4 +190,9 @@ class CostFit:
             if per[s] * mean_k - over > 0.25 * step:  # a line far dearer than what was measured (a prior that timed a
                 per[s] = max(over, 0.0) / mean_k  # compile) gives way to it; within noise of a step it stands
             fixed[s] = max(median(t - per[s] * k for k, t in samples) - step, 0.0)
-        return Costs(step, per, fixed)
+        prefill = {}  # what a catch-up took beyond its cycle's time, per token
+        for s, samples in self.catch_ups.items():
+            f = fixed.get(s, self.prior.fixed.get(s, 0.0) * scale)
+            p = per.get(s, self.prior.per_token.get(s, self.prior.step) * scale)
+            prefill[s] = max(median((t - step - f - k * p) / n for k, n, t in samples), 0.0)
+        return Costs(step, per, fixed, prefill=prefill)

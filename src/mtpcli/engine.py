@@ -254,8 +254,12 @@ class Engine:
         sums = [x.tolist() for x in judged.sums]
         for b, r in enumerate(rows):
             if not r.done:  # a row that finished while this step was in flight: its step is dropped
+                caught = draft.caught_up[b] if draft.caught_up else 0  # a draft model's catch-up: its prefill
+                r.run.draft_prefill_tokens += caught
+                r.run.draft_prefill_s += draft.catch_up_s if caught else 0.0
                 yield from self._record(r, source if draft.k else None, draft.lengths[b], draft.requested[b],
-                                        n_acc[b], news[b], seconds, [x[b] for x in sums], b)
+                                        n_acc[b], news[b], max(seconds - (draft.catch_up_s if caught else 0.0), 0.0),
+                                        [x[b] for x in sums], b)
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
     def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],
@@ -288,7 +292,8 @@ class Engine:
 
     def _plan(self) -> Plan:
         """The source is the drafter's own unless the policy chooses among several; width 0 is a plain step."""
-        plan = self.policy.plan([r.context for r in self.rows]) if self.drafter.speculates else PLAIN
+        plan = self.policy.plan([r.context for r in self.rows], [r.req.max_tokens - r.generated for r in self.rows]) \
+            if self.drafter.speculates else PLAIN
         return Plan(plan.source or self.drafter.name, plan.width, plan.stop) if plan.width else PLAIN
 
     def _ahead(self, f: Flight | None) -> Plan | None:
@@ -336,15 +341,18 @@ class Engine:
         req = queue.popleft()
         again = bool(queue) and queue[0].prompt == req.prompt  # -n: the next request prefills nothing
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
+        t1 = time.perf_counter()
         self.drafter.start(b, req.prompt, hidden, keep=again)
         self.policy.reset(b)
         shared = self.target.reused
         run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
                        shared_prompt=shared)
+        waiting = self.drafter.backlog(b, req.prompt)  # (a deferred draft model: all of it)
+        run.draft_prefill_tokens = 0 if waiting is None or shared else len(req.prompt) - waiting
         if self.cfg.law == "typical":
             run.typical = {"enabled": True, "threshold": self.cfg.typical_threshold, "eps": self.cfg.typical_eps,
                            "distribution_exact": False}
-        run.prefill_s = time.perf_counter() - t0
+        run.prefill_s, run.draft_prefill_s = t1 - t0, time.perf_counter() - t1
         self.runs[req.index] = run
         return Row(req, list(req.prompt), self._key(req), run, t0)
 

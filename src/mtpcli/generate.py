@@ -169,9 +169,11 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
         opts = replace(opts, stats_json=None, log=False)
     if opts.stats_json:  # before the work
         check_writable("--stats-json", opts.stats_json)
+    loading = time.perf_counter()
     with working(f"loading target model {cfg.model} ...", opts.quiet):  # (a terminal's only sign of life meanwhile)
         target = sharded.load_target(cfg.model, group.mode, group.group) if group.sharded else \
             models.load(cfg.model, "target model")
+    load_s = time.perf_counter() - loading
     head = draft_head(cfg, group)
     completions, requests, said = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
     for c in completions:
@@ -182,8 +184,10 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
                         sharded=group.sharded, head=head)
     draft = None  # a sharded target's draft model: on rank 0 (after settle: a head over one is refused, not built)
     if cfg.draft_model and cfg.draft in config.DRAFTED and (group.root or not group.sharded):
+        loading = time.perf_counter()
         with working(f"loading draft model {cfg.draft_model} ...", opts.quiet):
             draft = models.load_draft(cfg.draft_model, target)
+        load_s += time.perf_counter() - loading
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
@@ -195,7 +199,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     started, t0 = time.time(), time.perf_counter()
     status = decode(group, engine, requests, writer, store)
     writer.close()
-    total, record = summarize(cfg, group, engine, items, completions, opts, time.perf_counter() - t0)
+    total, record = summarize(cfg, group, engine, items, completions, opts, time.perf_counter() - t0, load_s)
     if store is not None and group.root:
         store.save()
     if auto := assemble.remember_costs(engine, opts.log):
@@ -284,14 +288,20 @@ def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
         accept = f"a first token accepted {costs.accept['model'][0]:.0%} of the time (kept)"
     else:
         accept = f"acceptance unmeasured (assumed {PRIOR_ACCEPT:.0%})"
+    if not record.get("draft_prefill_tokens") and table.prefill.get("model"):  # it never came in (deferred)
+        accept += (f"; it never prefilled the prompt's {record['prompt_tokens']} tokens "
+                   f"({table.prefill['model'] / step:.0%} of a step each: auto brings it in only where the rest of "
+                   "the answer pays that back)")
     return (f"mtpcli: note: draft model {cfg.draft_model} drafted in {drafted} of {cycles} cycles: draft = auto found "
             f"it did not pay, a draft token costing {cost} ({where}), {accept}; "
             f"--draft model uses it in every cycle")
 
 
-def summarize(cfg, group, engine, items, completions, opts: Options, wall: float) -> tuple[RunStats, dict]:
-    """The run's totals and the record kept of it (run log, --stats-json)."""
+def summarize(cfg, group, engine, items, completions, opts: Options, wall: float,
+              load_s: float | None = None) -> tuple[RunStats, dict]:
+    """The run's totals and the record kept of it (run log, --stats-json); `load_s`: loading the models."""
     total = RunStats.total([c.stats for c in completions if c.stats])
+    total.load_s = load_s
     record: dict[str, Any] = {**total.to_dict(), "settings": cfg.record()}
     if (dist := group.record(engine.cycles)) is not None:
         record["distributed"] = dist

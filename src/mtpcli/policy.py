@@ -12,6 +12,11 @@ run has hardly drafted is tried after 8, 16, 32, ... cycles, two in a row (the f
 is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed
 tokens and on the table, never on this cycle's draws: the exact law holds, and the same seed with the same kept
 table gives the same output. What stays is what a replay ablation found to pay (docs/perf/auto.md).
+
+A source that must prefill before it drafts (a deferred draft model: its prompt, then what it missed) comes in only
+where what it would save over the rows' remaining tokens, drafting at its best rate instead of the best plan without
+it, covers that catch-up (`Costs.catch_up` of the tokens it says it lacks): a long prompt with a short answer is
+decoded without it, from start to exit no slower than plain decoding.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by t
 CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
 CONF_CAP = 1.5  # the most (in log-odds) a row's confidence moves the kept acceptance
 EDGE = 1e-4  # estimates are taken within [EDGE, 1 - EDGE]
+CATCH_TIMED = 16  # a catch-up of at least this many tokens times the source's prefill (`Costs.prefill`)
 
 
 def _logit(p: float) -> float:
@@ -69,14 +75,17 @@ class AutoPolicy(WidthPolicy):
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
-                 stops: Sequence[str] = (), rebase: int = 0):
+                 stops: Sequence[str] = (), rebase: int = 0, prefills: Sequence[str] = (),
+                 backlog: Callable[[str, list], list[int] | None] = lambda s, c: None):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then takes
         plain steps at its 2nd to 4th cycles, and from its `rebase`-th cycle on, if set, decides by what it has
         measured, as the next run will); `widest`: a source's widest draft under n_max; `stops`: the sources
-        whose drafts stop themselves (`floor`), asked for their widest draft."""
+        whose drafts stop themselves (`floor`), asked for their widest draft; `prefills`: the sources that come in
+        only where their catch-up pays, `backlog(source, contexts)` the tokens each row would prefill now."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops, self.batch, self.key = set(stops), batch, ""
+        self.prefills, self.backlog, self.caught = set(prefills), backlog, 0
         self.use(costs, warm)
 
     def use(self, costs: Costs, warm: bool) -> None:
@@ -152,13 +161,14 @@ class AutoPolicy(WidthPolicy):
         return out
 
     # ---- the policy API ------------------------------------------------------------------------------
-    def plan(self, contexts: list) -> Plan:
+    def plan(self, contexts: list, left: Sequence[int] | None = None) -> Plan:
         if not self.warm and 1 <= self.fit.cycles() - self.fit.untimed <= 3 and len(self.fit.plains) < 3:
-            self.last = Plan(None, 0)  # calibration (cold runs only): a plain step's time
+            self.last, self.caught = Plan(None, 0), 0  # calibration (cold runs only): a plain step's time
             return self.last
         if self.rebase and not self.warm and self.fit.cycles() >= self.rebase:
             self._rebase()
         scores = self.scores(contexts)
+        caught = {s: self._catch_up(s, scores, contexts, left) for s in self.prefills}
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = scores[(source, k)] / len(contexts)  # the best a row expects: tokens per second
         lacking = [s for s in self.sources if self.drafted[s] < 3] if self.tick >= self.probe else []
@@ -167,10 +177,26 @@ class AutoPolicy(WidthPolicy):
             # cost is measured), so that a table measured on a busy machine cannot keep it idle for good
             want = [self.follow] if self.follow else lacking
             source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
-        self.scored, stops = k, source in self.stops
+        self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
         self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
                          self.floor(source) if stops else None)
         return self.last
+
+    def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:
+        """The tokens `source` would prefill before drafting now, over the rows; its plans leave `scores` while that
+        costs more than it would save over the rows' remaining tokens (`left`, unknown: no end) drafting at its best
+        rate instead of the best plan without it."""
+        backlog = self.backlog(source, contexts)
+        mine = [v for (s, _), v in scores.items() if s == source]
+        if not backlog or not mine:
+            return 0
+        tokens = sum(backlog)
+        best, rest = max(mine), max(v for (s, _), v in scores.items() if s != source)  # (a plain step is one)
+        saved = (sum(left) if left is not None else math.inf) * (1 / rest - 1 / best) if best > rest else 0.0
+        if saved <= self.costs.catch_up(source, tokens):
+            for sk in [sk for sk in scores if sk[0] == source]:
+                del scores[sk]
+        return tokens
 
     def _rebase(self) -> None:
         """A cold run's prior gives way, once, to the table of what the run has measured so far (what it has not
@@ -184,6 +210,7 @@ class AutoPolicy(WidthPolicy):
         got.per_token = {s: got.per_token.get(s, self.costs.per_token.get(s, self.costs.step) * scale)
                          for s in self.sources}
         got.fixed = {s: got.fixed.get(s, self.costs.fixed.get(s, 0.0) * scale) for s in self.sources}
+        got.prefill = {s: got.prefill.get(s, self.costs.prefill.get(s, 0.0) * scale) for s in self.prefills}
         got.shift = self.costs.shift  # (the run's own points are its rows' already: not counted twice)
         self.costs, self._shifts = got, {}
 
@@ -228,7 +255,8 @@ class AutoPolicy(WidthPolicy):
         if source in self.drafted:
             self.drafted[source] += bool(k)
         if k or source is None:  # (a draft cut to nothing: neither)
-            self.fit.add(source, k, None if cold or tree else seconds, None if tree else (len(drafted),))
+            self.fit.add(source, k, None if cold or tree else seconds, None if tree else (len(drafted),),
+                         self.caught if self.caught >= CATCH_TIMED else 0)
 
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this

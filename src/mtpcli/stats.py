@@ -103,9 +103,12 @@ class RunStats(_Drafts):
     width_trace: list[int] = field(default_factory=list)
     tpc_trace: list[int] = field(default_factory=list)
     floor_cut: int = 0  # drafts cut short by the draft's confidence floor (p_min, or auto's cost floor)
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # the target's prompt prefill
     prefill_tokens: int = 0
+    draft_prefill_s: float = 0.0  # the draft model's: its prompt at the start, and a backlog it caught up on later
+    draft_prefill_tokens: int = 0  # (seconds of a catch-up in a cycle are not decode_s)
     decode_s: float = 0.0
+    load_s: float | None = None  # loading the models (the run's, not a completion's)
     ttft_s: float | None = None
     peak_memory_bytes: int = 0
     controller_estimate: float | None = None
@@ -140,8 +143,8 @@ class RunStats(_Drafts):
         """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
-                     "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
-                     "source_trace", "trees"):
+                     "draft_prefill_s", "draft_prefill_tokens", "decode_s", "accept_lengths", "draft_widths",
+                     "_typical_sums", "width_trace", "tpc_trace", "source_trace", "trees"):
             setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
@@ -150,6 +153,7 @@ class RunStats(_Drafts):
                        for name in {**self.sources, **other.sources}}  # new objects, not aliases
         out.ttft_s = min((t for t in (self.ttft_s, other.ttft_s) if t is not None), default=None)
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
+        out.load_s = self.load_s if self.load_s is not None else other.load_s
         out.controller_estimate = other.controller_estimate
         out.typical = self.typical or other.typical
         return out
@@ -186,6 +190,8 @@ class RunStats(_Drafts):
         d |= {"accept_length_hist": {str(k): v for k, v in sorted(self.accept_lengths.items())},
               "draft_width_hist": {str(k): v for k, v in sorted(self.draft_widths.items())},
               "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps, "ttft_s": self.ttft_s,
+              "load_s": self.load_s, "prefill_s": self.prefill_s, "draft_prefill_s": self.draft_prefill_s,
+              "draft_prefill_tokens": self.draft_prefill_tokens, "decode_s": self.decode_s,
               "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.floor_cut,
               "controller_estimate": self.controller_estimate, "width_trace": self.width_trace,
               "tokens_per_cycle_trace": self.tpc_trace,
@@ -264,6 +270,16 @@ def _hist(h: dict) -> str:
     return " ".join(f"{k}:{v}" for k, v in h.items()) or "-"
 
 
+def _seconds(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the run's time went (records of earlier versions lack it): loading, each model's prefill, decoding."""
+    if d.get("decode_s") is None:
+        return []
+    load = f"load {d['load_s']:.2f} s, " if d.get("load_s") is not None else ""
+    draft = f", draft model prefill {d['draft_prefill_s']:.2f} s ({d['draft_prefill_tokens']} tokens)" \
+        if d.get("draft_prefill_tokens") else ""
+    return [("seconds", f"{load}prefill {d['prefill_s']:.2f} s{draft}, decode {d['decode_s']:.2f} s")]
+
+
 def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
     """The rows of a run's statistics, from its record (RunStats.to_dict, as the run log keeps it)."""
     rows = [(k, str(d[k])) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted")]
@@ -272,6 +288,7 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
              ("accept_length_hist", _hist(d["accept_length_hist"])), ("draft_width_hist", _hist(d["draft_width_hist"])),
              ("prefill_tps", f"{d['prefill_tps']:.1f}"), ("decode_tps", f"{d['decode_tps']:.2f}"),
              ("ttft_s", f"{d['ttft_s']:.3f}" if d.get("ttft_s") is not None else "-"),
+             *_seconds(d),
              ("peak_memory", f"{d['peak_memory_bytes'] / 2**20:.1f} MiB")]
     if d.get("controller_estimate") is not None:
         rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))

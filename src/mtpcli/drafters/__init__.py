@@ -28,6 +28,8 @@ class Draft:
     chances: list[list[float]] | None = None  # per row, each drafted token's chance to pass as its source
     #                                           estimates it (n-gram match, the draft's confidence), if it does
     tree: Shape | None = None  # a tree of drafts (tree.py; tokens by node, lengths its nodes), None for chains
+    caught_up: list[int] | None = None  # per row, committed tokens the source prefilled before drafting (a backlog)
+    catch_up_s: float = 0.0  # ... and the seconds that took
 
     @property
     def k(self) -> int:
@@ -110,6 +112,7 @@ class Drafter:
     taps: tuple[int, ...] = ()  # ... or the outputs of these target layers, joined (an EAGLE-3 head's)
     max_rows: int | None = None  # caps the batch (None: any)
     stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
+    defer = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
     trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
     nodes, children = 0, 1  # (nodes 0: chains)
     cost = None  # tree = auto: a pass of n tokens costs cost(n) seconds; a tree is drafted where it pays (tree.pays)
@@ -122,6 +125,11 @@ class Drafter:
 
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         """A row begins a prompt (hidden: the target's prompt states; keep: the next row starts the same prompt)."""
+
+    def backlog(self, row: int, context: list[int]) -> int | None:
+        """How many committed tokens of the row the source would have to prefill before it drafts now (a draft
+        model's deferred prompt, or what it missed while others drafted); None: it prefills nothing."""
+        return None
 
     def available(self, contexts: list, k: int) -> list | None:
         """What a deterministic source has for each row before drafting (each token's estimated chance to pass, or a count); None: unknown."""

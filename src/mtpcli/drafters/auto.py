@@ -20,6 +20,14 @@ class AutoDrafter(Drafter):
         """What `source` has for each row before drafting (the policy asks, per source)."""
         return self.sources[source].available(contexts, k)
 
+    def backlogs(self, source: str, contexts: list) -> list[int] | None:
+        """What `source` would prefill for each row before drafting now (the policy asks, per source)."""
+        got = [self.sources[source].backlog(b, c) for b, c in enumerate(contexts)]
+        return None if None in got else got
+
+    def backlog(self, row: int, context: list[int]) -> int | None:
+        return max((n for d in self.sources.values() if (n := d.backlog(row, context)) is not None), default=None)
+
     def add_rows(self, n: int) -> None:
         for d in self.sources.values():
             d.add_rows(n)

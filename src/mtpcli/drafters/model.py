@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import numpy as np
 
@@ -27,11 +29,13 @@ class ModelDrafter(Drafter):
     stops = True
     trees = True
 
-    def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512):
+    def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512, defer: bool = False):
+        """`defer`: a row starts with an empty cache and prefills its context when it first drafts (draft = auto
+        brings it in once that pays: policy.AutoPolicy.plan); else it prefills the prompt at the start."""
         self.lm = LM(model, role="draft model", prefill_step=prefill_step)
         self.lm.require_rollback()  # refused before decoding, not at the first rejection
         self.max_rows = 1 if self.lm.one_row else None
-        self.p_min = p_min
+        self.p_min, self.defer = p_min, defer
         self._proposed_from: list[int] = []
         self._fed = 0
 
@@ -42,11 +46,22 @@ class ModelDrafter(Drafter):
         self.lm.keep_rows(rows)
 
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        self.lm.set_row(row, prompt[:-1], keep)
+        self.lm.set_row(row, [] if self.defer else prompt[:-1], keep and not self.defer)
         self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
+
+    def backlog(self, row: int, context: list[int]) -> int:
+        """(Where a kept prefill cache holds a prefix of a row not started yet, its prefill is only the rest: the
+        hook auto prices the draft model's coming in by.)"""
+        return len(context) - int(self.lm.pos[row])
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
+        t0, caught = time.perf_counter(), [0] * B
+        for b, c in enumerate(contexts):  # a deferred row's first draft: its prefill, as at an eager start
+            if self.defer and self.lm.pos[b] == 0 and len(c) > 1:
+                self.lm.set_row(b, c[:-1])
+                caught[b] = len(c) - 1
+        catch_up_s = time.perf_counter() - t0 if any(caught) else 0.0
         self._proposed_from, self._fed = [len(c) for c in contexts], 0
         pending = [c[int(p):] for c, p in zip(contexts, self.lm.pos)]  # committed, not yet cached
         m = max(len(p) for p in pending)
@@ -67,7 +82,9 @@ class ModelDrafter(Drafter):
             self._fed += 1
             return self.lm.forward(*block, last=True)[:, -1]
 
-        return chain_or_tree(self, step, caps, sp, keys, plan)
+        draft = chain_or_tree(self, step, caps, sp, keys, plan)
+        draft.caught_up, draft.catch_up_s = caught, catch_up_s
+        return draft
 
     def tree(self, chain: Draft, sp: SamplingParams, keys: list) -> Draft:
         """The chain, and siblings at its least sure positions (where the draft's most likely token is least
