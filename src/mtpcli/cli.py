@@ -71,12 +71,12 @@ def generate(
     stats_json: Optional[str] = typer.Option(None, "--stats-json", rich_help_panel="Output", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Hide the statistics table on stderr."),
     no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text and the whole command line in the run log (default: a hash of the prompts, and the command line with the prompt, --system and --separator texts as <redacted>), and the prompts' token ids in the history store with --history."),
     **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
-    from . import prompts
+    from . import prompts, runlog
     from .distributed import refuse_stdin
 
     if text is not None and prompt is not None:
@@ -87,7 +87,8 @@ def generate(
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
-    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(sys.argv[1:]), batch_size,
+    argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
+    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
                        log=not no_log, log_prompts=log_prompts)
     raise typer.Exit(gen.run(cfg, items, opts))
 

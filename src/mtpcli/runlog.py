@@ -130,10 +130,25 @@ def problem(what: str, path: Path, e: Exception) -> str:
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
     if not create and not path.is_file():
         raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
-    try:
-        return open_db(path, SCHEMA, "runs", create)
+    try:  # (a new file readable by its owner only, as the history store: commands, settings, statistics)
+        return open_db(path, SCHEMA, "runs", create, mode=0o600)
     except sqlite3.DatabaseError as e:
         raise UsageError(problem("run log", path, e)) from None
+
+
+REDACTED = "<redacted>"
+
+
+def redact(argv: list[str], texts) -> list[str]:
+    """ARGV with each of TEXTS (what the user wrote: a prompt, a system message) replaced by <redacted>, as an
+    argument of its own or as an option's value (--system=TEXT, -pTEXT). By value, not by parsing: an argument that
+    happens to equal one (a prompt "5" and --max-tokens 5) goes too."""
+    texts = [t for t in texts if t]
+    out = []
+    for a in argv:
+        t = next((t for t in texts if a == t or a.startswith("-") and a.endswith(t)), None)
+        out.append(a if t is None else a[: len(a) - len(t)] + REDACTED)
+    return out
 
 
 _warned: set[str] = set()
