@@ -50,3 +50,126 @@ def test_prompts_are_kept_only_as_a_hash_unless_log_prompts(tiny_paths, tmp_path
     last = runlog.query()[-1]
     assert last["prompt"] == asked and asked in last["command"]
     assert not _secret_free((data / "history.sqlite").read_bytes(), [asked], ids_of)  # its ids, kept as asked
+
+
+# ---- item 6: stores SQLite cannot open as it likes, a folder in their place, damaged rows, a held lock ----------
+
+def _records(n):
+    from test_runlog import fake
+
+    for i in range(n):
+        runlog.append_safely(**fake(i, profile="ab"[i % 2]))
+
+
+def _saved_docs(*outputs):
+    store = history.Store("tok")
+    for out in outputs:
+        store.add([1], out)
+    store.save()
+
+
+@pytest.mark.parametrize("why", ["unable to open database file", "disk I/O error"])
+def test_intact_stores_are_read_where_sqlite_cannot_make_its_shm(monkeypatch, capsys, why):
+    """A read-only folder (SQLite: "unable to open") and a full disk ("disk I/O error") as SQLite reports them, seen
+    here with a read-only bind mount and a full tmpfs: a WAL file opens for reading only as immutable."""
+    import sqlite3
+
+    _records(2)
+    _saved_docs([2, 3])
+    real = sqlite3.connect
+
+    def connect(database, *a, **k):
+        if str(runlog.data_dir()) in str(database) and "immutable=1" not in str(database):
+            raise sqlite3.OperationalError(why)
+        return real(database, *a, **k)
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    code, out, err = _main(monkeypatch, capsys, "stats", "--last", "5", "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == [1, 2], err
+    code, out, err = _main(monkeypatch, capsys, "history", "stats", "--json")
+    assert code == 0 and json.loads(out)["tokenizers"][0]["docs"] == 1, err
+    assert len(history.Store("tok").load().docs) == 1  # the history drafter reads it too
+
+
+@pytest.mark.parametrize("args", [("stats",), ("stats", "--clear", "--yes"), ("history", "stats"),
+                                  ("history", "clear", "--yes"), ("history", "export")])
+def test_a_folder_in_place_of_a_store_is_an_error_naming_it(monkeypatch, capsys, args):
+    for name in ("runs.sqlite", "history.sqlite"):
+        (runlog.data_dir() / name).mkdir(parents=True)
+    code, out, err = _main(monkeypatch, capsys, *args)
+    path = runlog.log_path() if args[0] == "stats" else history.store_path()
+    assert code == 2 and not out and err.count("mtpcli: error:") == 1 and f"{path}: a folder" in err, err
+
+
+def test_generate_beside_folders_in_place_of_its_stores_warns_once_for_each(tiny_paths, monkeypatch, capsys):
+    for name in ("runs.sqlite", "history.sqlite"):
+        (runlog.data_dir() / name).mkdir(parents=True)
+    code, out, err = _main(monkeypatch, capsys, "generate", "-m", tiny_paths["target"], "-p", "abc", "--max-tokens",
+                           "4", "-q", "--history")
+    warnings = [x for x in err.splitlines() if "warning" in x]
+    assert code == 0 and len(warnings) == 2 and all("a folder" in x for x in warnings), err
+
+
+@pytest.mark.parametrize("column, value, why", [("stats", "{not json", "its stats is not JSON"),
+                                                ("stats", "[]", "its stats is a JSON list"),
+                                                ("stats", '{"a": 1}', "its stats have no"),
+                                                ("time", "yesterday", "its time is 'yesterday'")])
+def test_a_damaged_run_log_row_is_skipped_by_name_in_every_view(monkeypatch, capsys, column, value, why):
+    import sqlite3
+
+    _records(4)
+    with sqlite3.connect(runlog.log_path()) as con:
+        con.execute(f"UPDATE runs SET {column} = ? WHERE id = 3", (value,))
+    views = [("stats",), ("stats", "--last", "9"), ("stats", "--last", "9", "--json"), ("stats", "--by", "profile"),
+             ("stats", "--by", "model", "--json"), ("stats", "--compare", "a", "--compare", "b"),
+             ("stats", "--model", "m", "--last", "9"), ("stats", "--export", "jsonl"), ("history", "stats")]
+    for args in views:
+        runlog._warned.clear()
+        code, out, err = _main(monkeypatch, capsys, *args)
+        assert code == 0 and "error" not in err, (args, err)
+        assert err.count("warning") == 1 and "run 3 skipped" in err and why in err, (args, err)
+    assert [r["id"] for r in runlog.query()] == [1, 2, 4]
+
+
+def test_an_odd_blob_is_skipped_by_id_not_the_whole_history(monkeypatch, capsys):
+    import sqlite3
+
+    _saved_docs([2, 3], [4, 5], [6, 7])
+    with sqlite3.connect(history.store_path()) as con:
+        con.execute("UPDATE docs SET output = ? WHERE id = 2", (b"\x01\x02\x03",))
+        con.execute("UPDATE docs SET prompt = 'text' WHERE id = 3")
+    runlog._warned.clear()
+    store = history.Store("tok").load()
+    assert not store.broken and [d.output.tolist() for d in store.docs] == [[2, 3]]
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "2 outputs skipped (id 2: 3 bytes" in err and "id 3: a str" in err, err
+    code, out, err = _main(monkeypatch, capsys, "history", "export")
+    assert code == 0 and [json.loads(x)["id"] for x in out.splitlines()] == [1], err
+
+
+def test_a_locked_store_costs_seconds_then_one_warning(monkeypatch, capsys):
+    """A lock another process holds (here: a write transaction left open) delays a run's end by seconds, not the
+    30 s per write of SQLite's busy timeout before: the cost table 1 s, the record and the history 5 s each."""
+    import sqlite3
+    import time
+
+    from test_runlog import fake
+
+    _records(1)
+    _saved_docs([2, 3])
+    held = [sqlite3.connect(p, isolation_level=None) for p in (runlog.log_path(), history.store_path())]
+    for con in held:
+        con.execute("BEGIN IMMEDIATE")
+    runlog._warned.clear()
+    t0 = time.monotonic()
+    runlog.update_costs("k", lambda _: {"a": 1})
+    assert runlog.append_safely(**fake(1)) is None
+    store = history.Store("tok")
+    store.add([1], [4, 5])
+    assert store.save() == 0
+    assert time.monotonic() - t0 < 15
+    for con in held:
+        con.rollback()
+    lines = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+    assert len(lines) == 2 and all("locked by another process" in x for x in lines), lines
+    assert "run not logged" in lines[0] and "history not saved" in lines[1]

@@ -37,7 +37,7 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
             "median_tokens_per_cycle": med("tokens_per_cycle"),
             "acceptance": sum(s["accepted"] for s in st) / drafted if drafted else 0.0,
             "median_decode_tps": med("decode_tps"), "median_prefill_tps": med("prefill_tps"),
-            "median_ttft_s": med("ttft_s") if all(s["ttft_s"] is not None for s in st) else None}
+            "median_ttft_s": med("ttft_s") if all(s.get("ttft_s") is not None for s in st) else None}
 
 
 def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
