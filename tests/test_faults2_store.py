@@ -173,3 +173,21 @@ def test_a_locked_store_costs_seconds_then_one_warning(monkeypatch, capsys):
     lines = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
     assert len(lines) == 2 and all("locked by another process" in x for x in lines), lines
     assert "run not logged" in lines[0] and "history not saved" in lines[1]
+
+
+# ---- item 8: MTPCLI_NO_LOG -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, off", [("", False), ("0", False), ("false", False), ("No", False), ("off", False),
+                                        ("1", True), ("true", True), ("YES", True), ("on", True)])
+def test_mtpcli_no_log_is_a_boolean(monkeypatch, value, off):
+    from test_runlog import fake
+
+    monkeypatch.setenv("MTPCLI_NO_LOG", value)
+    assert (runlog.append_safely(**fake(0)) is None) is off
+
+
+def test_an_unknown_mtpcli_no_log_is_one_line_naming_it_before_the_run(tiny_paths, monkeypatch, capsys):
+    monkeypatch.setenv("MTPCLI_NO_LOG", "maybe")
+    code, out, err = _main(monkeypatch, capsys, "generate", "-m", tiny_paths["target"], "-p", "abc")
+    assert code == 2 and not out and err.strip().splitlines() == [
+        "mtpcli: error: environment MTPCLI_NO_LOG: 'maybe' is not a valid bool (1, true, yes, on or 0, false, no, off)"]

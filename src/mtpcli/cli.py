@@ -89,7 +89,7 @@ def generate(
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
     opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
-                       log=not no_log, log_prompts=log_prompts)
+                       log=not no_log and not runlog.disabled(), log_prompts=log_prompts)
     raise typer.Exit(gen.run(cfg, items, opts))
 
 
@@ -219,6 +219,7 @@ def bench_cmd(
     tok/s is committed tokens per second of decode time after the prompt (decode_tps, as `mtpcli stats` shows it),
     median [min-max] over seeds; `mtpcli stats` shows an arm's logged record over all its seeds."""
     from . import bench as b
+    from . import runlog
     from .writers import check_writable, write_file
 
     if bad := next((x for x in baseline or [] if x not in ("ar", "mlx-lm", "mlx-lm-plain")), None):
@@ -228,7 +229,8 @@ def bench_cmd(
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
-                     argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     argv=sys.argv[1:], log=not no_log and not runlog.disabled(),
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
     try:
         if out:  # first: a reader that closes stdout early loses no file
             write_file("--out", out, json.dumps(result, indent=1))

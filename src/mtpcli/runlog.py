@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .config import BOOLS
 from .errors import UsageError
 from .stats import REQUIRED
 
@@ -39,7 +40,12 @@ def log_path() -> Path:
 
 
 def disabled() -> bool:
-    return os.environ.get("MTPCLI_NO_LOG", "") not in ("", "0")
+    """MTPCLI_NO_LOG as a boolean (unset or empty: the run log is kept); UsageError naming it where it is none."""
+    raw = os.environ.get("MTPCLI_NO_LOG", "").strip().lower()
+    if raw and raw not in BOOLS:
+        raise UsageError(f"environment MTPCLI_NO_LOG: {raw!r} is not a valid bool (1, true, yes, on or 0, false, no, "
+                         "off)")
+    return BOOLS.get(raw, False)
 
 
 def use_wal(con: sqlite3.Connection) -> None:
