@@ -191,3 +191,27 @@ def test_an_unknown_mtpcli_no_log_is_one_line_naming_it_before_the_run(tiny_path
     code, out, err = _main(monkeypatch, capsys, "generate", "-m", tiny_paths["target"], "-p", "abc")
     assert code == 2 and not out and err.strip().splitlines() == [
         "mtpcli: error: environment MTPCLI_NO_LOG: 'maybe' is not a valid bool (1, true, yes, on or 0, false, no, off)"]
+
+
+# ---- items 2 and 4: user files and finished runs kept, caps at their edges, a plot format ---------------------------
+
+def _one_error(code, out, err, *names):
+    lines = [x for x in err.splitlines() if x.startswith("mtpcli: error:")]
+    assert code == 2 and not out and len(lines) == 1 and all(str(n) in lines[0] for n in names), err
+
+
+def test_a_history_cap_under_one_answer_is_refused_before_it_deletes_anything(tiny_paths, monkeypatch, capsys):
+    _saved_docs([2, 3], [4, 5])
+    gen = ("generate", "-m", tiny_paths["target"], "-p", "abc", "--max-tokens", "4", "-q", "--history")
+    _one_error(*_main(monkeypatch, capsys, *gen, "--history-max-mb", "1e-300"), "--history-max-mb 1e-300", "delete")
+    monkeypatch.setenv("MTPCLI_HISTORY_MAX_MB", "0.000001")
+    _one_error(*_main(monkeypatch, capsys, *gen), "history_max_mb (env MTPCLI_HISTORY_MAX_MB) 1e-06")
+    assert history.summary()["tokenizers"][0]["docs"] == 2
+
+
+def test_a_history_cap_of_1e308_is_no_cap(tiny_paths, monkeypatch, capsys):
+    _saved_docs([2, 3])
+    code, _, err = _main(monkeypatch, capsys, "generate", "-m", tiny_paths["target"], "-p", "abc", "--max-tokens", "4",
+                         "-q", "--history", "--history-max-mb", "1e308")
+    assert code == 0 and "error" not in err, err
+    assert sum(t["docs"] for t in history.summary()["tokenizers"]) == 2
