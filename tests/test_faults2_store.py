@@ -215,3 +215,29 @@ def test_a_history_cap_of_1e308_is_no_cap(tiny_paths, monkeypatch, capsys):
                          "-q", "--history", "--history-max-mb", "1e308")
     assert code == 0 and "error" not in err, err
     assert sum(t["docs"] for t in history.summary()["tokenizers"]) == 2
+
+
+@pytest.mark.parametrize("inputs, result", [(("--prompt-file", "p.txt"), "p.txt"),
+                                            (("--prompt-file", "d", "--prompt-file", "p.txt"), "d/../d/a.txt"),
+                                            (("--prompts-jsonl", "p.jsonl"), "./p.jsonl"),
+                                            (("--prompt-file", "p.txt"), "link.txt")])
+def test_stats_json_onto_the_runs_own_prompt_file_is_refused_before_the_run(tmp_path, monkeypatch, capsys, inputs,
+                                                                            result):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    for name, text in (("p.txt", "abc"), ("d/a.txt", "abc"), ("p.jsonl", '{"prompt": "abc"}\n')):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "link.txt").symlink_to(tmp_path / "p.txt")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    _one_error(*_main(monkeypatch, capsys, "generate", "-m", "no-such-model", *inputs, "--stats-json", result),
+               f"--stats-json {result}", "prompt file")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not runlog.log_path().exists()
+
+
+def test_bench_out_onto_its_own_prompt_file_is_refused_before_the_benchmark(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.txt").write_text("abcab")
+    _one_error(*_main(monkeypatch, capsys, "bench", "-m", "no-such-model", "--prompts", "q.txt,p.txt", "--out",
+                      "p.txt"), "--out p.txt", "prompt file")
+    assert (tmp_path / "p.txt").read_text() == "abcab"

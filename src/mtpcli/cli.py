@@ -85,6 +85,7 @@ def generate(
     cfg = config.resolve(profile or _global["profile"], flags)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
+    prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), prompts_jsonl or ""])
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
@@ -220,12 +221,14 @@ def bench_cmd(
     median [min-max] over seeds; `mtpcli stats` shows an arm's logged record over all its seeds."""
     from . import bench as b
     from . import runlog
+    from .prompts import refuse_overwrite
     from .writers import check_writable, write_file
 
     if bad := next((x for x in baseline or [] if x not in ("ar", "mlx-lm", "mlx-lm-plain")), None):
         raise UsageError(f"--baseline {bad!r}: choose ar, mlx-lm or mlx-lm-plain")
     if out:
         check_writable("--out", out)
+        refuse_overwrite("--out", out, (prompts or "").split(","))
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
