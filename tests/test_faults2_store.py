@@ -241,3 +241,28 @@ def test_bench_out_onto_its_own_prompt_file_is_refused_before_the_benchmark(tmp_
     _one_error(*_main(monkeypatch, capsys, "bench", "-m", "no-such-model", "--prompts", "q.txt,p.txt", "--out",
                       "p.txt"), "--out p.txt", "prompt file")
     assert (tmp_path / "p.txt").read_text() == "abcab"
+
+
+@pytest.mark.parametrize("signal_arg, status", [((), 130), ((143,), 143)])
+def test_an_interrupted_bench_prints_keeps_and_logs_the_runs_that_finished(tiny_paths, tmp_path, monkeypatch, capsys,
+                                                                          signal_arg, status):
+    from mtpcli import bench
+
+    real, calls = bench.run_mtpcli, []
+
+    def run(*a):  # the warm-up, two runs, then Ctrl-C (or SIGTERM) in the third
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt(*signal_arg)
+        return real(*a)
+
+    monkeypatch.setattr(bench, "run_mtpcli", run)
+    (tmp_path / "p.txt").write_text("abcab")
+    code, out, err = _main(monkeypatch, capsys, "bench", "-m", tiny_paths["target"], "--seeds", "3", "--max-tokens",
+                           "4", "--prompts", tmp_path / "p.txt", "--out", tmp_path / "o.json")
+    assert code == status and "decode tok/s" in out, err
+    assert "stopped after 2 of 3 runs" in err
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert result["interrupted"]["runs"] == 2 and len(result["outputs"]["exact"]) == 2
+    (row,) = runlog.query()
+    assert row["status"] == status and row["stats"]["generated_tokens"] == 8

@@ -239,6 +239,10 @@ def bench_cmd(
             write_file("--out", out, json.dumps(result, indent=1))
     finally:  # the table, whether or not the file could be written
         print(json.dumps(result)) if as_json else b.render(result)
+    if stop := result.get("interrupted"):  # (after what finished is out)
+        print(f"mtpcli: bench stopped after {stop['runs']} of {stop['of']} runs; the table, --out and the run log "
+              "hold those", file=sys.stderr)
+        raise typer.Exit(EXIT_TERMINATED if stop["terminated"] else EXIT_INTERRUPTED)
 
 
 # ---- history -----------------------------------------------------------------------------------
