@@ -266,3 +266,9 @@ def test_an_interrupted_bench_prints_keeps_and_logs_the_runs_that_finished(tiny_
     assert result["interrupted"]["runs"] == 2 and len(result["outputs"]["exact"]) == 2
     (row,) = runlog.query()
     assert row["status"] == status and row["stats"]["generated_tokens"] == 8
+
+
+def test_stats_plot_in_a_format_matplotlib_cannot_write_is_refused_before_the_view(monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    _records(1)
+    _one_error(*_main(monkeypatch, capsys, "stats", "--plot", "x.txt"), "--plot x.txt", ".png")

@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import UsageError
 from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, table
-from .plot import plot
+from .plot import check as check_plot, plot
 from .writers import check_writable
 
 
@@ -123,6 +123,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         return
     if plot:
         check_writable("--plot", plot)
+        check_plot(plot)
     if file:
         try:
             doc = json.loads(open(file, encoding="utf-8").read())
