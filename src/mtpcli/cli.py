@@ -90,7 +90,7 @@ def generate(
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
     opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
-                       log=not no_log and not runlog.disabled(), log_prompts=log_prompts)
+                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts)
     raise typer.Exit(gen.run(cfg, items, opts))
 
 
@@ -232,7 +232,7 @@ def bench_cmd(
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=[p.strip() for p in profiles_.split(",") if p.strip()], seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
-                     argv=sys.argv[1:], log=not no_log and not runlog.disabled(),
+                     argv=sys.argv[1:], log=not runlog.disabled() and not no_log,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))
     try:
         if out:  # first: a reader that closes stdout early loses no file
