@@ -3,7 +3,6 @@ user files and finished runs not lost, odd rows and blobs skipped by name, store
 full disks, a locked store costing seconds, not minutes, and MTPCLI_NO_LOG read as a boolean."""
 
 import json
-import os
 import stat
 
 import numpy as np
