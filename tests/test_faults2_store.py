@@ -3,6 +3,7 @@ user files and finished runs not lost, odd rows and blobs skipped by name, store
 full disks, a locked store costing seconds, not minutes, and MTPCLI_NO_LOG read as a boolean."""
 
 import json
+import os
 import stat
 
 import numpy as np
@@ -172,6 +173,27 @@ def test_a_locked_store_costs_seconds_then_one_warning(monkeypatch, capsys):
     lines = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
     assert len(lines) == 2 and all("locked by another process" in x for x in lines), lines
     assert "run not logged" in lines[0] and "history not saved" in lines[1]
+
+
+def _writer(args):
+    from test_runlog import fake
+
+    home, i = args
+    os.environ["XDG_DATA_HOME"] = home
+    for j in range(20):
+        runlog.append_safely(**fake(i * 100 + j))
+        runlog.update_costs("k", lambda kept: {"n": (kept or {}).get("n", 0) + 1})
+
+
+def test_sixteen_concurrent_writers_lose_no_record_and_no_cost_update():
+    """The short patience is for a lock nobody releases: writers that keep committing are waited for (a 5 s busy
+    timeout alone lost 8 of 320 records here)."""
+    import multiprocessing as mp
+
+    _records(1)
+    with mp.get_context("spawn").Pool(16) as pool:
+        pool.map(_writer, [(os.environ["XDG_DATA_HOME"], i) for i in range(16)])
+    assert len(runlog.query()) == 1 + 16 * 20 and runlog.load_costs("k") == {"n": 16 * 20}
 
 
 # ---- item 8: MTPCLI_NO_LOG -------------------------------------------------------------------------------------

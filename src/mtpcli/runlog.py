@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, value TEXT NOT NULL, time REAL NOT NULL)"""
 
 
-BUSY_S = 5.0  # how long a store waits for another process's lock: a record takes milliseconds, a held lock is a fault
+BUSY_S = 5.0  # a write waits for other writers while they commit, but this long at most for a lock nobody releases
 
 
 def data_dir() -> Path:
@@ -87,12 +87,12 @@ def _check(con: sqlite3.Connection, schema: str, table: str) -> None:
 
 
 def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None = None,
-            pragmas: tuple[str, ...] = (), timeout: float = BUSY_S) -> sqlite3.Connection:
-    """Connect (autocommit; `timeout`: SQLite's busy timeout) and check the schema (Foreign: another's) before
-    anything is written; with `create`, then make the folder, the file (with `mode`, if new), WAL mode, `pragmas` and
-    `schema`. Without, read-only: where the -shm cannot be made (a read-only folder, a full disk) a WAL file opens
-    only as immutable (unless its WAL holds data). sqlite3 errors pass through (the first, of the read-only tries);
-    IsADirectoryError where PATH is a folder."""
+            pragmas: tuple[str, ...] = ()) -> sqlite3.Connection:
+    """Connect (autocommit; SQLite's busy timeout 1 s, as `writing` waits longer while others commit) and check the
+    schema (Foreign: another's) before anything is written; with `create`, then make the folder, the file (with
+    `mode`, if new), WAL mode, `pragmas` and `schema`. Without, read-only: where the -shm cannot be made (a read-only
+    folder, a full disk) a WAL file opens only as immutable (unless its WAL holds data). sqlite3 errors pass through
+    (the first, of the read-only tries); IsADirectoryError where PATH is a folder."""
     if path.is_dir():  # (SQLite says only "unable to open database file" or "disk I/O error")
         raise IsADirectoryError(errno.EISDIR, "a folder, not a SQLite file")
     if create:
@@ -105,7 +105,7 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
     for uri in ["mode=rwc"] if create else ["mode=ro"] + ([] if hot else ["immutable=1"]):
         con = None
         try:
-            con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=timeout, isolation_level=None)
+            con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=1.0, isolation_level=None)
             _check(con, schema, table)
             if create:
                 use_wal(con)
@@ -125,11 +125,23 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
 
 
 @contextlib.contextmanager
-def writing(con: sqlite3.Connection):
-    """One write transaction that waits for other writers (BEGIN IMMEDIATE), rolled back if the block raises (by
-    sqlite3's `with con`, unless SQLite has already: a full disk); then the connection is closed."""
+def writing(con: sqlite3.Connection, patience: float = BUSY_S):
+    """One write transaction (BEGIN IMMEDIATE), rolled back if the block raises (by sqlite3's `with con`, unless
+    SQLite has already: a full disk); then the connection is closed. It waits for other writers as long as they
+    commit (many concurrent runs lose nothing), and `patience` seconds for a lock held without a commit (then
+    "database is locked": another process holds it)."""
     with contextlib.closing(con), con:
-        con.execute("BEGIN IMMEDIATE")
+        seen, deadline = con.execute("PRAGMA data_version").fetchone()[0], time.monotonic() + patience
+        while True:
+            try:
+                con.execute("BEGIN IMMEDIATE")  # (each try waits up to the busy timeout, 1 s)
+                break
+            except sqlite3.OperationalError as e:
+                version = con.execute("PRAGMA data_version").fetchone()[0]  # (it changes with another's commit)
+                if "database is locked" not in str(e) or (version == seen and time.monotonic() >= deadline):
+                    raise
+                if version != seen:
+                    seen, deadline = version, time.monotonic() + patience
         yield con
 
 
@@ -140,15 +152,15 @@ def problem(what: str, path: Path, e: Exception) -> str:
     if type(e) is sqlite3.DatabaseError:  # not a database, or a damaged one (a full disk is an OperationalError)
         return f"{what} {path} is unreadable ({e}); left untouched"
     if "database is locked" in str(e):
-        return f"{what} {path} is locked by another process (waited {BUSY_S:g} s)"
+        return f"{what} {path} is locked by another process (no commit in {BUSY_S:g} s)"
     return str(e) if isinstance(e, UsageError) else f"{what} {path}: {getattr(e, 'strerror', None) or e}"
 
 
-def _connect(path: Path, create: bool, timeout: float = BUSY_S) -> sqlite3.Connection:
+def _connect(path: Path, create: bool) -> sqlite3.Connection:
     if not create and not path.exists():
         raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
     try:  # (a new file readable by its owner only, as the history store: commands, settings, statistics)
-        return open_db(path, SCHEMA, "runs", create, mode=0o600, timeout=timeout)
+        return open_db(path, SCHEMA, "runs", create, mode=0o600)
     except (sqlite3.DatabaseError, OSError) as e:
         raise UsageError(problem("run log", path, e)) from None
 
@@ -269,7 +281,7 @@ def update_costs(key: str, settle) -> None:
     if disabled():
         return
     try:  # (a lock held for a second is a fault: the run's record, written next, waits and warns)
-        with writing(_connect(log_path(), create=True, timeout=1.0)) as con:
+        with writing(_connect(log_path(), create=True), patience=1.0) as con:
             row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
             try:
                 current = json.loads(row[0]) if row else None
