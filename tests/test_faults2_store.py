@@ -70,8 +70,9 @@ def _saved_docs(*outputs):
 
 @pytest.mark.parametrize("why", ["unable to open database file", "disk I/O error"])
 def test_intact_stores_are_read_where_sqlite_cannot_make_its_shm(monkeypatch, capsys, why):
-    """A read-only folder (SQLite: "unable to open") and a full disk ("disk I/O error") as SQLite reports them, seen
-    here with a read-only bind mount and a full tmpfs: a WAL file opens for reading only as immutable."""
+    """A read-only folder (SQLite: "unable to open") and a full disk ("disk I/O error") as SQLite reports them (seen
+    by hand with a read-only bind mount and a full tmpfs, which a test cannot mount): a WAL file opens for reading
+    only as immutable."""
     import sqlite3
 
     _records(2)
