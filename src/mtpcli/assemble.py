@@ -38,7 +38,7 @@ def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False)
     if not cfg.history:
         return None
     return history.Store(history.tokenizer_key(target.tokenizer), models.canonical(str(cfg.model)),
-                         max(1, int(cfg.history_max_mb * (1 << 20))), keep_prompts)
+                         max(1, int(min(cfg.history_max_mb * (1 << 20), 1 << 62))), keep_prompts)  # (1e308: no cap)
 
 
 def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store) -> Drafter:

@@ -15,7 +15,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from . import assemble, config, models, prompts, runlog
 from .engine import Request
-from .errors import UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UsageError
 from .generate import encode_prompt, typical_line
 from .stats import RunStats, table
 
@@ -145,17 +145,24 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     for arm in arms:  # warm-up, as long as a run: compile every shape a run meets (auto's widths and sources, on a
         one(arm, encoded[0][1], 0, max_tokens)  # GPU's JIT), page in the weights, fill the allocator
     # interleaved: A B C, A B C, ... so drift hits every arm alike
-    total, t0 = seeds * len(encoded) * len(arms), time.perf_counter()
-    for i, (seed, (pname, ids), arm) in enumerate(itertools.product(range(seeds), encoded, arms), 1):
-        st, toks = one(arm, ids, seed, max_tokens)
-        arm.runs.setdefault(seed, []).append(st)
-        arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks, "text": target.tokenizer.decode(toks),
-                            "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
-                                                                  "decode_tps", "draft_width_hist")}})
-        if progress:
-            left = (time.perf_counter() - t0) / i * (total - i)
-            progress(f"[{i}/{total}, {left // 60:.0f}m{left % 60:02.0f}s left] {arm.name} seed={seed} prompt={pname}: "
-                     f"{st.decode_tps:.2f} decode tok/s, {st.tokens_per_cycle:.2f} tokens/cycle")
+    total, t0, done, stop = seeds * len(encoded) * len(arms), time.perf_counter(), 0, None
+    try:
+        for i, (seed, (pname, ids), arm) in enumerate(itertools.product(range(seeds), encoded, arms), 1):
+            st, toks = one(arm, ids, seed, max_tokens)
+            arm.runs.setdefault(seed, []).append(st)
+            arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks, "text": target.tokenizer.decode(toks),
+                                "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
+                                                                      "decode_tps", "draft_width_hist")}})
+            done = i
+            if progress:
+                left = (time.perf_counter() - t0) / i * (total - i)
+                progress(f"[{i}/{total}, {left // 60:.0f}m{left % 60:02.0f}s left] {arm.name} seed={seed} "
+                         f"prompt={pname}: {st.decode_tps:.2f} decode tok/s, {st.tokens_per_cycle:.2f} tokens/cycle")
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the runs that finished are summarized, logged and kept
+        if not done:
+            raise
+        stop = {"runs": done, "of": total, "terminated": e.args == (EXIT_TERMINATED,)}
+    arms = [a for a in arms if a.runs]  # (interrupted: the first arm always has the most)
     summaries = [summarize(a) for a in arms]
     base, whole = summaries[0]["decode_tps"]["median"], summaries[0]["e2e"]["run_s"]["median"]
     for s in summaries:  # speed over the first arm's: decode tok/s, and a whole run's seconds (theirs over ours)
@@ -165,12 +172,15 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
         agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
         law = {"law": "mlx-lm"} if arm.kind == "mlx-lm" else {}
         rec = {**agg.to_dict(), "settings": {**arm.cfg.record(), **law, "bench_arm": arm.name}}
+        status = 0 if stop is None else EXIT_TERMINATED if stop["terminated"] else EXIT_INTERRUPTED
         runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,
                              draft=draft_model or arm.cfg.draft, prompt=encoded[0][1], stats=rec,
-                             status=0, started=time.time(), log=log)
-    return {"arms": summaries, "outputs": {a.name: a.outputs for a in arms},
-            "config": {"model": model, "draft_model": draft_model, "seeds": seeds, "prompts": [n for n, _ in encoded],
-                       "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "flags": overrides}}
+                             status=status, started=time.time(), log=log)
+    result = {"arms": summaries, "outputs": {a.name: a.outputs for a in arms},
+              "config": {"model": model, "draft_model": draft_model, "seeds": seeds,
+                         "prompts": [n for n, _ in encoded], "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
+                         "flags": overrides}}
+    return result if stop is None else {**result, "interrupted": stop}
 
 
 def render(result: dict[str, Any]) -> None:

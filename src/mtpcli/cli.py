@@ -72,12 +72,12 @@ def generate(
     stats_json: Optional[str] = typer.Option(None, "--stats-json", rich_help_panel="Output", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Hide the statistics table on stderr."),
     no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store the prompt text in the run log (default: a hash), and its token ids in the history store with --history."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text and the whole command line in the run log (default: a hash of the prompts, and the command line with the prompt, --system and --separator texts as <redacted>), and the prompts' token ids in the history store with --history."),
     **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
-    from . import prompts
+    from . import prompts, runlog
     from .distributed import refuse_stdin
 
     if text is not None and prompt is not None:
@@ -89,10 +89,12 @@ def generate(
         cfg = dataclasses.replace(cfg, system=system)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
+    prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), prompts_jsonl or ""])
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
-    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(sys.argv[1:]), batch_size,
-                       log=not no_log, log_prompts=log_prompts)
+    argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
+    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
+                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts)
     raise typer.Exit(gen.run(cfg, items, opts))
 
 
@@ -222,6 +224,8 @@ def bench_cmd(
     tok/s is committed tokens per second of decode time after the prompt (decode_tps, as `mtpcli stats` shows it),
     median [min-max] over seeds; `mtpcli stats` shows an arm's logged record over all its seeds."""
     from . import bench as b
+    from . import runlog
+    from .prompts import refuse_overwrite
     from .writers import check_writable, write_file
 
     if bad := next((x for x in baseline or [] if x not in ("ar", "mlx-lm", "mlx-lm-plain")), None):
@@ -230,15 +234,21 @@ def bench_cmd(
         raise UsageError(f"--profiles {profiles_!r}: give at least one profile name")
     if out:
         check_writable("--out", out)
+        refuse_overwrite("--out", out, (prompts or "").split(","))
     result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=profile_names, seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
-                     argv=sys.argv[1:], log=not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     argv=sys.argv[1:], log=not runlog.disabled() and not no_log,
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
     try:
         if out:  # first: a reader that closes stdout early loses no file
             write_file("--out", out, json.dumps(result, indent=1))
     finally:  # the table, whether or not the file could be written
         print(json.dumps(result)) if as_json else b.render(result)
+    if stop := result.get("interrupted"):  # (after what finished is out)
+        print(f"mtpcli: bench stopped after {stop['runs']} of {stop['of']} runs; the table, --out and the run log "
+              "hold those", file=sys.stderr)
+        raise typer.Exit(EXIT_TERMINATED if stop["terminated"] else EXIT_INTERRUPTED)
 
 
 # ---- history -----------------------------------------------------------------------------------

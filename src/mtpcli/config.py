@@ -328,6 +328,12 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
         if v["history"] is False and origins["history"] != "default":
             raise UsageError(f"--draft history needs the history, but history is off ({origins['history']})")
         v["history"] = True
+    if v["history"] and v["history_max_mb"] * (1 << 20) < 4 * v["max_tokens"]:  # (int32 token ids)
+        where = "--history-max-mb" if origins["history_max_mb"] == "flag" else \
+            f"history_max_mb ({origins['history_max_mb']})"
+        raise UsageError(f"{where} {v['history_max_mb']:g} keeps less than one answer of max_tokens {v['max_tokens']} "
+                         f"({4 * v['max_tokens']} bytes of token ids): it would delete every stored output and keep "
+                         "none")
     pinned = v["draft"] == "auto" and (v["adaptive"] or origins["num_draft_tokens"] != "default")
     if v["n_max"] is None:
         auto = v["draft"] == "auto" and not pinned

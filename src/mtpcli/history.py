@@ -4,8 +4,9 @@ One SQLite file beside the run log (history.sqlite, WAL). A document is one comp
 too only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so one tokenizer's ids never draft for
 another's. A run reads its tokenizer's documents once, appends its own in one transaction at the end (concurrent
 runs lose nothing), then drops the oldest documents of every tokenizer until the store is under its cap. An
-unreadable store, or another program's SQLite file, is left untouched (one warning, the run goes on without it); an
-unwritable one (a full disk) loses only this run's documents, with a warning."""
+unreadable store, or another program's SQLite file, is left untouched (one warning, the run goes on without it), a
+row that holds no token ids is skipped (one warning names it); an unwritable store (a full disk) loses only this
+run's documents, with a warning."""
 
 from __future__ import annotations
 
@@ -41,7 +42,26 @@ def tokenizer_key(tokenizer) -> str:
 
 
 def unpack(blob: bytes | None) -> np.ndarray | None:
-    return None if blob is None else np.frombuffer(blob, dtype=DTYPE).astype(np.int64)
+    """Token ids from a blob; ValueError where it holds none (a damaged or hand-edited row)."""
+    if blob is None:
+        return None
+    if not isinstance(blob, bytes) or len(blob) % DTYPE.itemsize:
+        what = f"{len(blob)} bytes" if isinstance(blob, bytes) else f"a {type(blob).__name__}"
+        raise ValueError(f"{what}, not {DTYPE.itemsize}-byte token ids")
+    return np.frombuffer(blob, dtype=DTYPE).astype(np.int64)
+
+
+def readable(path: Path, rows):
+    """(id, prompt ids, output ids, the rest) of each row (id, prompt, output, *rest) that holds token ids; one
+    warning names those skipped."""
+    skipped = []
+    for i, prompt, output, *rest in rows:
+        try:
+            yield i, unpack(prompt), unpack(output), rest
+        except ValueError as e:
+            skipped.append(f"{i}: {e}")
+    if skipped:
+        warn(f"history store {path}: {len(skipped)} outputs skipped (id {'; id '.join(skipped)})")
 
 
 @dataclass
@@ -75,10 +95,10 @@ class Store:
         self.loaded = True
         try:
             with contextlib.closing(_connect(self.path, create=False)) as con:
-                rows = con.execute("SELECT prompt, output FROM docs WHERE tokenizer = ? ORDER BY id",
+                rows = con.execute("SELECT id, prompt, output FROM docs WHERE tokenizer = ? ORDER BY id",
                                    (self.tokenizer,)).fetchall()
-            self.docs = [Doc(unpack(o), unpack(p)) for p, o in rows]
-        except (sqlite3.Error, ValueError) as e:
+            self.docs = [Doc(o, p) for _, p, o, _ in readable(self.path, rows)]
+        except (sqlite3.Error, OSError) as e:
             self.broken = True
             warn(f"{problem('history store', self.path, e)}; this run goes on without it")
         return self
@@ -117,7 +137,7 @@ def open_existing(write: bool = False) -> sqlite3.Connection | None:
     """The store for the `history` commands (read-only unless `write`): None when there is none; UsageError when it
     is unreadable or another program's."""
     path = store_path()
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
         return _connect(path, create=write)
@@ -151,7 +171,7 @@ def clear() -> int:
         con.execute("VACUUM")
         return n
     except sqlite3.Error as e:
-        again = " (another run may be writing it); try again" if "locked" in str(e) else ""
+        again = "; try again" if "locked" in str(e) else ""
         raise UsageError(problem("history store", store_path(), e) + again) from None
     finally:
         con.close()
@@ -163,9 +183,9 @@ def export():
     if con is None:
         return
     with contextlib.closing(con):
-        for i, t, tok, model, prompt, output in con.execute(
-                "SELECT id, time, tokenizer, model, prompt, output FROM docs ORDER BY id"):
-            doc = {"id": i, "time": t, "tokenizer": tok, "model": model, "output": unpack(output).tolist()}
+        rows = con.execute("SELECT id, prompt, output, time, tokenizer, model FROM docs ORDER BY id")
+        for i, prompt, output, (t, tok, model) in readable(store_path(), rows):
+            doc = {"id": i, "time": t, "tokenizer": tok, "model": model, "output": output.tolist()}
             if prompt is not None:
-                doc["prompt"] = unpack(prompt).tolist()
+                doc["prompt"] = prompt.tolist()
             yield doc

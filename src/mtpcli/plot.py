@@ -48,16 +48,28 @@ def plot_data(stats: dict[str, Any]) -> dict[str, Any]:
             "drafting_cycles": sum(accept.values()), "positions": positions, "headline": headline(stats)}
 
 
-def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
-    """Four charts a reader can read alone: what was accepted, how wide the drafts were, acceptance by position per
-    source, and the source and width chosen over the run; the run's headline figures under the title."""
+def check(path: str) -> str:
+    """Before the view: matplotlib is there and writes PATH's format (its extension; png without one), returned."""
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'mtpcli[plot]' (or pip install matplotlib)") from None
+    fmt = os.path.splitext(path)[1][1:].lower() or "png"
+    if fmt not in (known := FigureCanvasBase.get_supported_filetypes()):
+        raise UsageError(f"--plot {path}: matplotlib writes no .{fmt} files; name a .png (or "
+                         f"{', '.join(sorted(known))})")
+    return fmt
+
+
+def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
+    """Four charts a reader can read alone: what was accepted, how wide the drafts were, acceptance by position per
+    source, and the source and width chosen over the run; the run's headline figures under the title."""
+    fmt = check(path)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     data = plot_data(stats)
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     fig.suptitle(f"{title}\n{data['headline']}", fontsize=10)
@@ -121,6 +133,6 @@ def plot(stats: dict[str, Any], path: str, title: str = "mtpcli run") -> None:
             a.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format=os.path.splitext(path)[1][1:].lower() or "png")
+    fig.savefig(buf, format=fmt)
     plt.close(fig)
     write_file("--plot", path, buf.getvalue())

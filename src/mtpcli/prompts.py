@@ -199,3 +199,14 @@ def bench_set(source: str | None) -> list[Item]:
     if bad := next((it for it in items if it.error), None):
         raise UsageError(f"--prompts: {bad.error}")
     return items
+
+
+def refuse_overwrite(flag: str, path: str | None, names: list[str]) -> None:
+    """Before the work: a result file (FLAG PATH) that is one of the run's prompt files NAMES (a folder's: its .txt
+    files) would be overwritten by it: one line naming both."""
+    if not path or not os.path.isfile(path):  # (a device, /dev/stdout, is no prompt file)
+        return
+    for name in (n for n in names if n and n != "-"):
+        for f in sorted(Path(name).rglob("*.txt")) if Path(name).is_dir() else [Path(name)]:
+            if f.is_file() and os.path.samefile(f, path):
+                raise UsageError(f"{flag} {path}: is this run's prompt file {f}; the result would overwrite it")

@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import UsageError
 from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, short_paths, table
-from .plot import plot
+from .plot import check as check_plot, plot
 from .writers import check_writable
 
 
@@ -37,7 +37,7 @@ def aggregate(records: list[dict]) -> dict[str, Any]:
             "median_tokens_per_cycle": med("tokens_per_cycle"),
             "acceptance": sum(s["accepted"] for s in st) / drafted if drafted else 0.0,
             "median_decode_tps": med("decode_tps"), "median_prefill_tps": med("prefill_tps"),
-            "median_ttft_s": med("ttft_s") if all(s["ttft_s"] is not None for s in st) else None}
+            "median_ttft_s": med("ttft_s") if all(s.get("ttft_s") is not None for s in st) else None}
 
 
 def by_source(records: list[dict]) -> dict[str, dict[str, Any]]:
@@ -133,6 +133,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         return
     if plot:
         check_writable("--plot", plot)
+        check_plot(plot)
     if file:
         try:
             doc = json.loads(open(file, encoding="utf-8").read())

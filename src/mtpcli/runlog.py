@@ -4,6 +4,7 @@ SQLite plumbing and once-only warning it shares with the history store."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .config import BOOLS
 from .errors import UsageError
+from .stats import REQUIRED
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -23,6 +26,9 @@ CREATE TABLE IF NOT EXISTS runs (
   draft TEXT, prompt_tokens INTEGER, prompt_hash TEXT, prompt TEXT, settings TEXT NOT NULL, stats TEXT NOT NULL,
   status INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS costs (key TEXT PRIMARY KEY, value TEXT NOT NULL, time REAL NOT NULL)"""
+
+
+BUSY_S = 5.0  # a write waits for other writers while they commit, but this long at most for a lock nobody releases
 
 
 def data_dir() -> Path:
@@ -34,7 +40,12 @@ def log_path() -> Path:
 
 
 def disabled() -> bool:
-    return os.environ.get("MTPCLI_NO_LOG", "") not in ("", "0")
+    """MTPCLI_NO_LOG as a boolean (unset or empty: the run log is kept); UsageError naming it where it is none."""
+    raw = os.environ.get("MTPCLI_NO_LOG", "").strip().lower()
+    if raw and raw not in BOOLS:
+        raise UsageError(f"environment MTPCLI_NO_LOG: {raw!r} is not a valid bool (1, true, yes, on or 0, false, no, "
+                         "off)")
+    return BOOLS.get(raw, False)
 
 
 def use_wal(con: sqlite3.Connection) -> None:
@@ -77,10 +88,13 @@ def _check(con: sqlite3.Connection, schema: str, table: str) -> None:
 
 def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None = None,
             pragmas: tuple[str, ...] = ()) -> sqlite3.Connection:
-    """Connect (autocommit, 30 s busy timeout) and check the schema (Foreign: another's) before anything is written;
-    with `create`, then make the folder, the file (with `mode`, if new), WAL mode, `pragmas` and `schema`. Without,
-    read-only: in a read-only folder a WAL file without its -shm opens only as immutable (unless its WAL holds data).
-    sqlite3 errors pass through (the first, of the read-only tries)."""
+    """Connect (autocommit; SQLite's busy timeout 1 s, as `writing` waits longer while others commit) and check the
+    schema (Foreign: another's) before anything is written; with `create`, then make the folder, the file (with
+    `mode`, if new), WAL mode, `pragmas` and `schema`. Without, read-only: where the -shm cannot be made (a read-only
+    folder, a full disk) a WAL file opens only as immutable (unless its WAL holds data). sqlite3 errors pass through
+    (the first, of the read-only tries); IsADirectoryError where PATH is a folder."""
+    if path.is_dir():  # (SQLite says only "unable to open database file" or "disk I/O error")
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a SQLite file")
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
         if mode is not None and not path.exists():
@@ -90,8 +104,8 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
     first = None
     for uri in ["mode=rwc"] if create else ["mode=ro"] + ([] if hot else ["immutable=1"]):
         con = None
-        try:  # (timeout: SQLite's busy timeout, 30 s)
-            con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=30.0, isolation_level=None)
+        try:
+            con = sqlite3.connect(f"file:{quote(str(path))}?{uri}", uri=True, timeout=1.0, isolation_level=None)
             _check(con, schema, table)
             if create:
                 use_wal(con)
@@ -103,18 +117,31 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
         except BaseException as e:
             if con is not None:
                 con.close()
-            if not isinstance(e, sqlite3.OperationalError) or "readonly" not in str(e):
+            if not isinstance(e, sqlite3.OperationalError) or not any(
+                    why in str(e) for why in ("readonly", "unable to open", "disk I/O error")):
                 raise  # (immutable is for a folder nobody writes, never for a busy file)
             first = first or e
     raise first
 
 
 @contextlib.contextmanager
-def writing(con: sqlite3.Connection):
-    """One write transaction that waits for other writers (BEGIN IMMEDIATE), rolled back if the block raises (by
-    sqlite3's `with con`, unless SQLite has already: a full disk); then the connection is closed."""
+def writing(con: sqlite3.Connection, patience: float = BUSY_S):
+    """One write transaction (BEGIN IMMEDIATE), rolled back if the block raises (by sqlite3's `with con`, unless
+    SQLite has already: a full disk); then the connection is closed. It waits for other writers as long as they
+    commit (many concurrent runs lose nothing), and `patience` seconds for a lock held without a commit (then
+    "database is locked": another process holds it)."""
     with contextlib.closing(con), con:
-        con.execute("BEGIN IMMEDIATE")
+        seen, deadline = con.execute("PRAGMA data_version").fetchone()[0], time.monotonic() + patience
+        while True:
+            try:
+                con.execute("BEGIN IMMEDIATE")  # (each try waits up to the busy timeout, 1 s)
+                break
+            except sqlite3.OperationalError as e:
+                version = con.execute("PRAGMA data_version").fetchone()[0]  # (it changes with another's commit)
+                if "database is locked" not in str(e) or (version == seen and time.monotonic() >= deadline):
+                    raise
+                if version != seen:
+                    seen, deadline = version, time.monotonic() + patience
         yield con
 
 
@@ -124,16 +151,33 @@ def problem(what: str, path: Path, e: Exception) -> str:
         return f"{what} {path} is a SQLite file of another schema ({e}); left untouched"
     if type(e) is sqlite3.DatabaseError:  # not a database, or a damaged one (a full disk is an OperationalError)
         return f"{what} {path} is unreadable ({e}); left untouched"
+    if "database is locked" in str(e):
+        return f"{what} {path} is locked by another process (no commit in {BUSY_S:g} s)"
     return str(e) if isinstance(e, UsageError) else f"{what} {path}: {getattr(e, 'strerror', None) or e}"
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
-    if not create and not path.is_file():
+    if not create and not path.exists():
         raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
-    try:
-        return open_db(path, SCHEMA, "runs", create)
-    except sqlite3.DatabaseError as e:
+    try:  # (a new file readable by its owner only, as the history store: commands, settings, statistics)
+        return open_db(path, SCHEMA, "runs", create, mode=0o600)
+    except (sqlite3.DatabaseError, OSError) as e:
         raise UsageError(problem("run log", path, e)) from None
+
+
+REDACTED = "<redacted>"
+
+
+def redact(argv: list[str], texts) -> list[str]:
+    """ARGV with each of TEXTS (what the user wrote: a prompt, a system message) replaced by <redacted>, as an
+    argument of its own or as an option's value (--system=TEXT, -pTEXT). By value, not by parsing: an argument that
+    happens to equal one (a prompt "5" and --max-tokens 5) goes too."""
+    texts = [t for t in texts if t]
+    out = []
+    for a in argv:
+        t = next((t for t in texts if a == t or a.startswith("-") and a.endswith(t)), None)
+        out.append(a if t is None else a[: len(a) - len(t)] + REDACTED)
+    return out
 
 
 _warned: set[str] = set()
@@ -173,14 +217,42 @@ def query(*, last: int | None = None, since: float | None = None, model: str | N
     sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
     if last:
         sql += f" LIMIT {int(last)}"
+    rows = []
     try:
-        rows = [{**dict(r), **{c: json.loads(r[c]) for c in ("command", "settings", "stats")}}
-                for r in con.execute(sql, list(where.values()))]
-    except (sqlite3.DatabaseError, ValueError) as e:
+        for r in con.execute(sql, list(where.values())):
+            try:
+                rows.append(_record(r))
+            except ValueError as e:  # one damaged (or hand-edited) row: the others are still good
+                warn(f"run log {path}: run {r['id']} skipped ({e})")
+    except sqlite3.DatabaseError as e:
         raise UsageError(problem("run log", path, e)) from None
     finally:
         con.close()
     return rows[::-1]
+
+
+NUMBERS = ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate", "tokens_per_cycle",
+           "prefill_tps", "decode_tps")  # what the views compute with
+
+
+def _record(row: sqlite3.Row) -> dict[str, Any]:
+    """A row as a record (its JSON columns read); ValueError, saying what is wrong, where it cannot be one."""
+    rec = dict(row)
+    for c in ("command", "settings", "stats"):
+        try:
+            rec[c] = json.loads(row[c])
+        except (TypeError, ValueError):
+            raise ValueError(f"its {c} is not JSON") from None
+    if not isinstance(rec["time"], (int, float)):
+        raise ValueError(f"its time is {rec['time']!r}, not a number")
+    for c in ("settings", "stats"):
+        if not isinstance(rec[c], dict):
+            raise ValueError(f"its {c} is a JSON {type(rec[c]).__name__}, not an object")
+    if bad := next((k for k in REQUIRED if k not in rec["stats"]), None):
+        raise ValueError(f"its stats have no {bad}")
+    if bad := next((k for k in NUMBERS if not isinstance(rec["stats"][k], (int, float))), None):
+        raise ValueError(f"its stats' {bad} is {rec['stats'][bad]!r}, not a number")
+    return rec
 
 
 def clear() -> int:
@@ -208,8 +280,8 @@ def update_costs(key: str, settle) -> None:
     so concurrent runs settle one after another and none loses the other's update."""
     if disabled():
         return
-    try:
-        with writing(_connect(log_path(), create=True)) as con:
+    try:  # (a lock held for a second is a fault: the run's record, written next, waits and warns)
+        with writing(_connect(log_path(), create=True), patience=1.0) as con:
             row = con.execute("SELECT value FROM costs WHERE key = ?", (key,)).fetchone()
             try:
                 current = json.loads(row[0]) if row else None
