@@ -294,3 +294,14 @@ def test_stats_plot_in_a_format_matplotlib_cannot_write_is_refused_before_the_vi
     pytest.importorskip("matplotlib")
     _records(1)
     _one_error(*_main(monkeypatch, capsys, "stats", "--plot", "x.txt"), "--plot x.txt", ".png")
+
+
+def test_a_run_log_made_readable_by_others_before_is_made_private_when_next_opened(tmp_path, monkeypatch):
+    """A runs.sqlite (and its journal) an older mtpcli created 0644 is 0600 once a run opens it to write."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    path = runlog.log_path()
+    runlog._connect(path, create=True).close()
+    for f in path.parent.glob("runs.sqlite*"):
+        f.chmod(0o644)
+    runlog._connect(path, create=True).close()
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in path.parent.glob("runs.sqlite*"))

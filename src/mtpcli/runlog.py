@@ -99,6 +99,11 @@ def open_db(path: Path, schema: str, table: str, create: bool, mode: int | None 
         path.parent.mkdir(parents=True, exist_ok=True)
         if mode is not None and not path.exists():
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+        elif mode is not None:  # a store made before it was private: its own and its journal's mode, from now on
+            for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                with contextlib.suppress(OSError):
+                    if f.stat().st_mode & 0o777 & ~mode:
+                        f.chmod(mode)
     wal = Path(f"{path}-wal")
     hot = wal.is_file() and wal.stat().st_size > 0
     first = None
