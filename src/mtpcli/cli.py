@@ -351,7 +351,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         try:
-            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
+            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from blas.fast)
             sys.stdout.flush()  # a reader that left shows here, not at the interpreter's exit
         except SystemExit:  # click ends a command whose stdout closed with exit 1, its streams made quiet
             if type(sys.stdout).__name__ == "PacifyFlushWrapper":
