@@ -6,7 +6,6 @@ opts out; MTPCLI_BLAS_SKIP=wheel,apt passes routes over (a machine without them,
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
 import sysconfig
@@ -20,7 +19,8 @@ def wheel_libs() -> list[str]:
     """The mkl wheel's libmkl_rt, where pip puts a wheel's data files: this environment's prefix, then the user's."""
     dirs = [os.path.join(sysconfig.get_path("data", scheme), "lib")
             for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user")]
-    return [p for d in dirs for p in sorted(glob.glob(os.path.join(d, "libmkl_rt.so*")), reverse=True)]
+    return [os.path.join(d, f) for d in dirs if os.path.isdir(d)
+            for f in sorted(os.listdir(d), reverse=True) if f.startswith("libmkl_rt.so")]
 
 
 def candidates() -> list[tuple[str, str]]:
