@@ -34,11 +34,11 @@ def candidates() -> list[tuple[str, str]]:
 
 
 def load(argv: list[str]) -> str | None:
-    """For a command in COMMANDS (not its help), load the first fast BLAS that loads, before MLX is imported (Python loads libmlx
-    with RTLD_NOW: its symbols are bound then).
+    """For a command in COMMANDS (not its help), load the first fast BLAS that loads, before MLX is imported
+    (Python loads libmlx with RTLD_NOW: its symbols are bound then).
 
-    Returns its route ("wheel", "apt"), or None: the reference BLAS; then, unless asked for, MTPCLI_BLAS_HINT tells
-    generate to say how to get a fast one."""
+    Returns its route ("wheel", "apt"), or None: the reference BLAS, and then (unless MTPCLI_BLAS=reference chose it)
+    MTPCLI_BLAS_HINT=1, for generate's hint on how to get a fast one."""
     if not COMMANDS & set(argv) or {"-h", "--help"} & set(argv):
         return None
     import ctypes  # (not for the commands that need no BLAS)
