@@ -13,11 +13,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any import of huggingface_hub: a Hub id is read from the cache
 
-import rich.console  # noqa: E402
 import tomli_w  # noqa: E402
 import typer  # noqa: E402
 
-from . import blas, config, report  # noqa: E402
+from . import blas, config  # noqa: E402
 from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
 from .options import Sections, settings  # noqa: E402
@@ -142,6 +141,8 @@ def stats(
     (decode_tps) is committed tokens per second of decode time after the prompt, as in `mtpcli bench`."""
     if yes and not clear:
         raise UsageError("--yes confirms --clear, and there is no --clear")
+    from . import report
+
     if model:  # logged as models.canonical names it: a folder by its absolute path
         from .models import canonical
 
@@ -255,6 +256,8 @@ def bench_cmd(
 @history_app.command("stats")
 def history_stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Size of the store per tokenizer, and what its drafts gave the logged runs."""
+    from . import report
+
     report.history_stats(as_json)
 
 
@@ -270,6 +273,8 @@ def history_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without
 @history_app.command("export")
 def history_export(text: bool = typer.Option(False, "--text", help="Add the decoded text (loads each model's tokenizer).")):
     """Every kept output as JSON lines on stdout, oldest first: token ids (and the prompt's where kept)."""
+    from . import report
+
     report.history_export(text)
 
 
@@ -353,12 +358,6 @@ def convert_cmd(
     print(convert(gguf, out_dir, dtype=dtype, q_bits=q_bits, q_group_size=q_group_size))
 
 
-def _pipe_closed(console) -> None:
-    """rich's hook for a closed stdout (typer's help, the tables), which would exit 1: end as every command does."""
-    console.quiet = True
-    raise BrokenPipeError
-
-
 def _sigterm(_signum, _frame) -> None:
     """SIGTERM ends a run as Ctrl-C does (what was committed, the statistics so far, the run log row), exit 143."""
     _global["terminated"] = True  # (outside generate's decoding, typer turns any KeyboardInterrupt into exit 130)
@@ -366,13 +365,12 @@ def _sigterm(_signum, _frame) -> None:
 
 
 def main() -> None:
-    rich.console.Console.on_broken_pipe = _pipe_closed
-    blas.fast()
+    blas.load(sys.argv[1:])  # before anything imports MLX
     signal.signal(signal.SIGTERM, _sigterm)
     _global["terminated"] = False
     try:
         try:
-            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`, from blas.fast)
+            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
             code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
             try:
                 if sys.stdout is not None:  # (None: stdout closed before the start, and print writes nothing)

@@ -244,8 +244,8 @@ def notes(cfg: config.Config, engine, requests: list[Request], opts: Options, si
         err(line)
     marker = cache_dir() / "blas-hint-shown"
     if os.environ.get("MTPCLI_BLAS_HINT") and not opts.quiet and not marker.exists():
-        err("mtpcli: note: MLX uses its slow reference BLAS here; installing OpenBLAS (Debian/Ubuntu: "
-            "apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli preloads it itself")
+        err("mtpcli: note: MLX uses its slow reference BLAS here; MKL (pip install mkl, on x86-64) or OpenBLAS "
+            "(apt-get install libopenblas0-pthread) makes CPU decoding ~2-3x faster, and mtpcli loads it itself")
         with contextlib.suppress(OSError):
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()

@@ -54,8 +54,9 @@ def launch(n: int, hosts: str | None, hostfile: str | None, backend: str | None,
         x in ("-p", "--starting-port") or x.startswith("--starting-port=") for x in extra)
     if local and n > 1:  # ranks on this machine only: ports nobody else uses (MLX's default is one fixed port),
         extra = [*extra, "--starting-port", str(free_ports(n))]  # and the cores shared out between the ranks' BLAS
-        if "OPENBLAS_NUM_THREADS" not in os.environ:
-            extra += ["--env", f"OPENBLAS_NUM_THREADS={max(1, (os.cpu_count() or 1) // n)}"]
+        for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # (blas.py loads either)
+            if var not in os.environ:
+                extra += ["--env", f"{var}={max(1, (os.cpu_count() or 1) // n)}"]
     argv = [runner, "-n", str(n)]
     for flag, value in (("--hosts", hosts), ("--hostfile", hostfile), ("--backend", backend)):
         if value:
