@@ -163,9 +163,11 @@ def test_the_bench_table_wraps_and_keeps_its_headers(monkeypatch, columns):
 
     m = {"median": 28.31, "min": 27.9, "max": 29.1}
     arm = {"decode_tps": m, "ratio": 1.0, "tokens_per_cycle": m, "acceptance_rate": m, "prefill_tps": m, "ttft_s": m,
-           "peak_memory_bytes": 2**30}
+           "peak_memory_bytes": 2**30, "e2e_ratio": 1.0,
+           "e2e": {"load_s": 1.0, **dict.fromkeys(("prefill_s", "draft_prefill_s", "ttft_s", "decode_s", "run_s"), m)}}
     out = _shown(monkeypatch, columns, lambda: bench.render({"arms": [{**arm, "arm": "ar (plain)"},
                                                                       {**arm, "arm": "tree-12 (draft model)"}]}))
+    out = out.split("\n\n")[0]  # the decode table (the end-to-end one follows)
     header = "".join(line.strip("┃").split("┃")[1] for line in out.splitlines() if line.startswith("┃"))
     assert "…" not in out and header.replace(" ", "") == "decodetok/smedian[min-max]", out  # (was read as markup)
     rows = [[c.replace(" ", "") for c in _cells(out, i, key=2)] for i in (0, 1)]  # (spaces: where lines wrapped)

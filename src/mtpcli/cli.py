@@ -88,7 +88,7 @@ def generate(
         cfg = dataclasses.replace(cfg, system=system)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
-    prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), prompts_jsonl or ""])
+    prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), *(prompts_jsonl or [])])
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
