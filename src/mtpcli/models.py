@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -81,6 +82,23 @@ def resolve(name: str, download: bool = True) -> Path:
                          f"downloads from the Hub; `hf download {name}` fetches it){why}") from None
 
 
+KEPT: dict | None = None  # `mtpcli chat` sets a dict: each model is loaded once, for every turn
+
+
+def kept(load):
+    """LOAD(name, ...) once per name and arguments while KEPT is a dict (chat), else every time."""
+    @functools.wraps(load)
+    def once(name, *args, **kwargs):
+        if KEPT is None:
+            return load(name, *args, **kwargs)
+        key = (load.__name__, name, *(a if isinstance(a, str) else id(a) for a in [*args, *kwargs.values()]))
+        if key not in KEPT:
+            KEPT[key] = load(name, *args, **kwargs)
+        return KEPT[key]
+    return once
+
+
+@kept
 def load(name: str, role: str = "model") -> Loaded:
     """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them.
     The config, the tokenizer and the weights' names first: a broken folder fails, naming its file, before any weights
@@ -108,6 +126,7 @@ def load(name: str, role: str = "model") -> Loaded:
 HEADS = {"eagle3": "EAGLE-3 draft head", "dflash": "DFlash block-diffusion drafter"}
 
 
+@kept
 def load_draft(name: str, target: Loaded) -> Loaded:
     """The draft of --draft-model: a model of the target's tokenizer (check_pair), or a trained head over the
     target's hidden states, built beside it (refused when made for another target)."""
