@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import List, Optional
 
+os.environ.setdefault("MTPCLI_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))  # the user's own (models.py)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any import of huggingface_hub: a Hub id is read from the cache
