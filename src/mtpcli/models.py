@@ -84,7 +84,7 @@ def resolve(name: str, download: bool = True) -> Path:
     except Exception as e:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError), a malformed id, ...: one line
         if type(e).__name__ != "LocalEntryNotFoundError":
             raise ModelError(f"model '{name}': not a local folder, not a Hugging Face id: {_first_line(e)}") from None
-    if not download or os.environ["MTPCLI_HF_HUB_OFFLINE"].strip().upper() in ("1", "ON", "YES", "TRUE"):
+    if not download or os.environ.get("MTPCLI_HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
         why = "HF_HUB_OFFLINE is set" if download else "this command downloads nothing"
         raise ModelError(f"model '{name}': not a local folder and not in the Hugging Face cache, and {why} "
                          f"(`hf download {name}` fetches it)")
