@@ -12,7 +12,8 @@ OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linu
 
 def fast() -> None:
     if (not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference"
-            or "openblas" in os.environ.get("LD_PRELOAD", "") or not {"generate", "bench", "launch"} & set(sys.argv)):
+            or "openblas" in os.environ.get("LD_PRELOAD", "")
+            or not {"generate", "bench", "launch", "chat"} & set(sys.argv)):
         return
     lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
     if lib is None:
