@@ -49,6 +49,8 @@ def test_chat_refuses_what_it_cannot_do_in_one_line(cli, tiny_paths):
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and b"chat writes text" in r.stderr
     r = cli("chat", "-c", "-m", str(tiny_paths["chat"]), input=b"hi\n")
     assert r.returncode == 2 and b"no conversation to continue" in r.stderr
+    r = cli("chat", "-m", str(tiny_paths["target"]), input=b"hi\n")  # a tokenizer without a chat template
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and b"needs the model's chat template" in r.stderr
 
 
 def read_until(fd, marker: bytes, seen: bytearray, timeout=120.0) -> bytes:

@@ -32,7 +32,10 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
     conv, turn, worst, line_no = conv or fresh(), {}, 0, 0
     models.KEPT = {}
     with working(f"loading target model {cfg.model} ...", False):
-        models.load(cfg.model, "target model")  # (now, not in the first turn; a model that cannot load ends here)
+        target = models.load(cfg.model, "target model")  # (now, not in the first turn; one that cannot load ends here)
+    if not (generate.chat_on(target.tokenizer, cfg.chat) and target.tokenizer.has_chat_template):
+        raise MtpError("chat needs the model's chat template: " + ("--no-chat is set" if cfg.chat is False else
+                                                                  "its tokenizer has none"))
     if tty:
         err(f"mtpcli chat · {cfg.model} · {HELP}")
     while True:

@@ -57,7 +57,8 @@ def folder_named(name: str) -> Path | None:
 
 def resolve(name: str, download: bool = True) -> Path:
     """Turn a model name into a local folder mlx-lm's loaders take (a Hub id: its snapshot in the local cache).
-    download: fetch and convert an alias on first use (else an alias not cached yet is an error)."""
+    download: fetch and convert an alias, or download a Hub id (hub_download), on first use (else one not cached yet
+    is an error)."""
     if not name.strip():
         raise ModelError("the model name is empty: give a local folder, an alias "
                          f"({', '.join(fetch.ALIASES)}), a .gguf file or a Hugging Face id")
