@@ -25,6 +25,10 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
     from . import generate
     from .stats import render
 
+    from .distributed.group import launched
+
+    if launched():  # (every rank would read the one stdin, which the launcher does not pass on)
+        raise MtpError("chat does not run under mtpcli launch / mlx.launch: use generate there")
     if cfg.format != "text":
         raise MtpError(f"--format {cfg.format}: chat writes text (`mtpcli generate` writes json and jsonl)")
     tty = sys.stdin.isatty()
