@@ -48,7 +48,7 @@ def test_chat_refuses_what_it_cannot_do_in_one_line(cli, tiny_paths):
     r = cli("chat", "-m", str(tiny_paths["chat"]), "--format", "json", input=b"hi\n")
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and b"chat writes text" in r.stderr
     r = cli("chat", "-c", "-m", str(tiny_paths["chat"]), input=b"hi\n")
-    assert r.returncode == 2 and b"no conversation to continue" in r.stderr
+    assert r.returncode == 2 and b"so no conversations" in r.stderr
     r = cli("chat", "-m", str(tiny_paths["target"]), input=b"hi\n")  # a tokenizer without a chat template
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and b"needs the model's chat template" in r.stderr
 

@@ -52,7 +52,7 @@ class Conversation:
 def _open(create: bool) -> sqlite3.Connection:
     path = runlog.log_path()
     if not create and not path.is_file():
-        raise UsageError(f"no conversation to continue: there is no run log at {path} (deleted?); {START}")
+        raise UsageError(f"no run log at {path} (nothing logged yet, or deleted), so no conversations; {START}")
     try:  # the run log's own check and mode, with these tables besides
         return runlog.open_db(path, runlog.SCHEMA + SCHEMA, "runs", create, mode=0o600)
     except (sqlite3.DatabaseError, OSError) as e:
