@@ -23,9 +23,8 @@ def err(msg: str) -> None:
 def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bool) -> int:
     """Read turns and commands until /quit or the end of stdin; the exit status: 0, or the last failed turn's."""
     from . import generate
-    from .stats import render
-
     from .distributed.group import launched
+    from .stats import render
 
     if launched():  # (every rank would read the one stdin, which the launcher does not pass on)
         raise MtpError("chat does not run under mtpcli launch / mlx.launch: use generate there")
