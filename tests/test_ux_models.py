@@ -52,7 +52,7 @@ def test_aliases_and_hub_ids_are_logged_as_names(tmp_path, monkeypatch):
     assert models.canonical("org/name") == str((tmp_path / "org" / "name").resolve())
 
 
-# ---- 2. a Hugging Face id: the local cache only, never the network -------------------------------------------
+# ---- 2. a Hugging Face id: the local cache, and the network only where resolve may download (test_hub.py) -------
 NET_PROBE = r"""
 import sys, time
 events = []
@@ -65,7 +65,7 @@ try:  # what mlx-lm's loaders call with a Hub id: offline, it must not look the 
 except Exception as e:
     print("raised", type(e).__name__)
 try:
-    models.resolve("org/missing")
+    models.resolve("org/missing", download=False)
 except errors.ModelError as e:
     print("error:", e)
 print("folder:", models.resolve("org/name"))

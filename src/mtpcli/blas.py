@@ -12,7 +12,7 @@ import sysconfig
 
 OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
             "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0")
-COMMANDS = {"generate", "bench"}  # the commands that multiply matrices
+COMMANDS = {"generate", "bench", "chat"}  # the commands that multiply matrices
 
 
 def wheel_libs() -> list[str]:

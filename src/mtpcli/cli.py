@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import List, Optional
 
+os.environ.setdefault("MTPCLI_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))  # the user's own (models.py)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any import of huggingface_hub: a Hub id is read from the cache
@@ -72,9 +73,13 @@ def generate(
     quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Hide the statistics table on stderr."),
     no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
     log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text and the whole command line in the run log (default: a hash of the prompts, and the command line with the prompt, --system and --separator texts as <redacted>), and the prompts' token ids in the history store with --history."),
+    go_on: bool = typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Continue the last conversation: its turns and the prompt go through the chat template, and this turn is kept with them."),
+    conversation_id: Optional[int] = typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt", help="Continue conversation ID (`mtpcli stats --conversations` lists them)."),
+    save: bool = typer.Option(False, "--save", rich_help_panel="Prompt", help="Start a conversation: keep the prompt and the answer (their text, in the run log) for -c to continue."),
     **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
+    from . import conversation
     from . import generate as gen
     from . import prompts, runlog
     from .distributed import refuse_stdin
@@ -82,19 +87,53 @@ def generate(
     if text is not None and prompt is not None:
         raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt, not both")
     prompt = prompts.valid_text(text if prompt is None else prompt, "--prompt" if prompt is not None else "PROMPT")
-    cfg = config.resolve(profile or _global["profile"], flags)
-    where = "--system" if cfg.origins["system"] == "flag" else cfg.origins["system"]  # (or env MTPCLI_SYSTEM)
-    if (system := prompts.valid_text(cfg.system, where)) != cfg.system:
-        cfg = dataclasses.replace(cfg, system=system)
+    cfg = _checked_system(config.resolve(profile or _global["profile"], flags))
+    cfg, conv = conversation.begin(cfg, go_on, conversation_id, save, not no_log)
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), *(prompts_jsonl or [])])
     if num_completions > 1 and not single:
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
+    if conv is not None and (not single or num_completions > 1):
+        raise UsageError("a conversation (-c, --conversation, --save) goes on with one prompt and one completion")
     argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
     opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
-                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts)
+                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts,
+                       conversation=conv)
     raise typer.Exit(gen.run(cfg, items, opts))
+
+
+@app.command(cls=Sections)
+@settings(*SCHEMA, after="profile")
+def chat(
+    profile: Optional[str] = typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."),
+    go_on: bool = typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Go on with the last conversation."),
+    conversation_id: Optional[int] = typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt", help="Go on with conversation ID (`mtpcli stats --conversations` lists them)."),
+    no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append the turns to the run log (also MTPCLI_NO_LOG=1)."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store each turn's prompt text in the run log (default: a hash)."),
+    **flags,
+):
+    """Chat with the models loaded once: each line of stdin is a turn (a terminal or a pipe alike), its answer
+    streams to stdout. Ctrl-C ends the answer being written, Ctrl-D (the end of stdin) or /quit the session.
+    Commands: /stats (the last turn's statistics), /reset (a new conversation), /save (keep it for `generate -c`; the
+    later turns too), /quit. A chat with -c or --conversation keeps its turns from the start."""
+    from . import chat as chat_loop
+    from . import conversation, runlog
+
+    cfg = _checked_system(config.resolve(profile or _global["profile"], flags))
+    cfg, conv = conversation.begin(cfg, go_on, conversation_id, False, not no_log)
+    argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (flags.get("system"),))
+    raise typer.Exit(chat_loop.loop(cfg, conv, tuple(argv), not no_log and not runlog.disabled(), log_prompts))
+
+
+def _checked_system(cfg: config.Config) -> config.Config:
+    """CFG with its system message's surrogates replaced (with the warning naming where it came from)."""
+    from . import prompts
+
+    where = "--system" if cfg.origins["system"] == "flag" else cfg.origins["system"]  # (or env MTPCLI_SYSTEM)
+    if (system := prompts.valid_text(cfg.system, where)) != cfg.system:
+        cfg = dataclasses.replace(cfg, system=system)
+    return cfg
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -136,11 +175,21 @@ def stats(
     clear: bool = typer.Option(False, "--clear", help="Delete every record (asks on a terminal; --yes otherwise)."),
     yes: bool = typer.Option(False, "--yes", help="Confirm --clear without asking."),
     export: Optional[str] = typer.Option(None, "--export", help="Export records; the only format is jsonl."),
+    conversations: bool = typer.Option(False, "--conversations", help="List the kept conversations (generate --save / -c, chat's /save) and their turns."),
+    conversation_id: Optional[int] = typer.Option(None, "--conversation", min=1, help="One conversation's turns."),
 ):
     """The run log: the last run (or --run ID) in full, recent runs, aggregates and comparisons. decode tok/s
     (decode_tps) is committed tokens per second of decode time after the prompt, as in `mtpcli bench`."""
     if yes and not clear:
         raise UsageError("--yes confirms --clear, and there is no --clear")
+    if conversations or conversation_id:
+        from . import conversation
+
+        others = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
+                  "--profile": profile, "--file": file, "--plot": plot, "--clear": clear, "--export": export}
+        if bad := next((f for f, v in others.items() if v), None):
+            raise UsageError(f"{bad} and --conversations together: the conversations' view takes only --json")
+        return conversation.show(conversation_id, as_json)
     from . import report
 
     if model:  # logged as models.canonical names it: a folder by its absolute path

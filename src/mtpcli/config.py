@@ -56,7 +56,8 @@ def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
 
 @dataclass(frozen=True)
 class Config:
-    model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (local cache).")
+    model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (the local cache, "
+                     "else downloaded).")
     draft_model: Optional[str] = key(None, "Draft model (same tokenizer as the target), or a trained EAGLE-3 head's or DFlash "
                                      "drafter's folder (draft = \"eagle3\" / \"dflash\", a source of auto).")
     draft: str = key("auto", "Draft source. auto: each cycle the source and width 0..n_max with the most expected "

@@ -42,6 +42,8 @@ class Options:
     batch_size: int | None = None
     log: bool = True
     log_prompts: bool = False
+    conversation: Any = None  # conversation.Conversation: its turns go before the prompt, and this turn is added
+    turn: dict | None = None  # mtpcli chat: given the turn's record (for /stats)
 
 
 def err(msg: str) -> None:
@@ -61,13 +63,19 @@ def typical_line(cfg: config.Config) -> str | None:
     return None
 
 
-def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None) -> list[int]:
+def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None,
+                  earlier: list | None = None) -> list[int]:
+    """The prompt's tokens; with EARLIER (a conversation's messages) the whole conversation, through the template."""
     use_chat = chat_on(tokenizer, chat)
     if use_chat and not tokenizer.has_chat_template:
         raise UsageError("--chat: the model's tokenizer has no chat template")
+    if earlier is not None and not use_chat:
+        raise UsageError("a conversation needs the chat template: " + ("--no-chat is set" if chat is False else
+                                                                      "the model's tokenizer has none"))
     if not use_chat:
         return list(tokenizer.encode(text))
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    messages = ([{"role": "system", "content": system}] if system else []) + (earlier or []) + [
+        {"role": "user", "content": text}]
     templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(templated, add_special_tokens=False))
 
@@ -88,7 +96,8 @@ def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer
             if (n := len(tokenizer.encode(it.text[: CHARS_PER_TOKEN * limit]))) >= limit:
                 it.error = (f"{where}prompt is at least {n} tokens (in its first {CHARS_PER_TOKEN * limit} of "
                             f"{len(it.text)} characters), longer than the model's context of {limit} tokens")
-        ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system) if it.error is None else None
+        earlier = opts.conversation.messages() if opts.conversation is not None else None
+        ids = encode_prompt(tokenizer, it.text, cfg.chat, cfg.system, earlier) if it.error is None else None
         if ids == []:  # (a tokenizer that knows none of the text: nothing to decode from)
             it.error, ids = f"{where}the model's tokenizer encodes the prompt to no tokens", None
         if ids is not None and limit and len(ids) >= limit:
@@ -227,12 +236,16 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     if failed and status == 0:
         err(f"mtpcli: {failed} of {len(items)} prompts failed (see their rows)")
         status = EXIT_RUNTIME
-    runlog.append_safely(command=opts.argv, settings=record["settings"], profile=cfg.profile,
-                         model=models.canonical(cfg.model),  # a local folder: its absolute path, from any folder
-                         draft=models.canonical(cfg.draft_model) if cfg.draft_model else cfg.draft,
-                         stats=record, status=status, started=started,
-                         prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
-                         prompt_text=items[0].text if opts.log_prompts and opts.single else None, log=opts.log)
+    logged = runlog.append_safely(
+        command=opts.argv, settings=record["settings"], profile=cfg.profile,
+        model=models.canonical(cfg.model),  # a local folder: its absolute path, from any folder
+        draft=models.canonical(cfg.draft_model) if cfg.draft_model else cfg.draft, stats=record, status=status,
+        started=started, prompt=[t for r in requests[: 1 if opts.single else None] for t in r.prompt],
+        prompt_text=items[0].text if opts.log_prompts and opts.single else None, log=opts.log)
+    if opts.conversation is not None and not items[0].error and not writer.closed:  # (an answer the user saw)
+        opts.conversation.add(items[0].text, completions[0].text, logged)
+    if opts.turn is not None:
+        opts.turn.update(record=record, status=status)
     return status
 
 

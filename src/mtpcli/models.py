@@ -1,22 +1,28 @@
-"""Finding and loading models: local folder > known alias > GGUF file > Hugging Face id (local cache)."""
+"""Finding and loading models: local folder > known alias > GGUF file > Hugging Face id (the local cache, else
+downloaded from the Hub as mlx-lm does, unless the user set HF_HUB_OFFLINE)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# before huggingface_hub is imported (it reads this once, at import): a Hub id is looked up in the local cache only,
-# here and in mlx-lm's loaders alike (the README's promise: no downloads from a model hub)
+# before huggingface_hub is imported (it reads this once, at import): nothing reaches the Hub behind our back (mlx-lm's
+# and transformers' loaders); a Hub id not in the cache is downloaded by hub_download alone, unless the user's own
+# HF_HUB_OFFLINE (kept in MTPCLI_HF_HUB_OFFLINE by the first mtpcli process: cli.py, or here) says no
+os.environ.setdefault("MTPCLI_HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", ""))
 os.environ["HF_HUB_OFFLINE"] = "1"
+HUB_TIMEOUT = 5  # seconds a Hub request may wait: a machine without network is told so within seconds
 
 import mlx.core as mx  # noqa: E402
 from huggingface_hub import snapshot_download  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-from mlx_lm.utils import MODEL_REMAPPING, load_config, load_model, load_tokenizer  # noqa: E402
+from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS, MODEL_REMAPPING, load_config, load_model, load_tokenizer  # noqa: E402
 
 from . import dflash, eagle, fetch, gguf_convert, mtp  # noqa: E402
 from .cache import layer_kind  # noqa: E402
@@ -51,7 +57,8 @@ def folder_named(name: str) -> Path | None:
 
 def resolve(name: str, download: bool = True) -> Path:
     """Turn a model name into a local folder mlx-lm's loaders take (a Hub id: its snapshot in the local cache).
-    download: fetch and convert an alias on first use (else an alias not cached yet is an error)."""
+    download: fetch and convert an alias, or download a Hub id (hub_download), on first use (else one not cached yet
+    is an error)."""
     if not name.strip():
         raise ModelError("the model name is empty: give a local folder, an alias "
                          f"({', '.join(fetch.ALIASES)}), a .gguf file or a Hugging Face id")
@@ -73,14 +80,69 @@ def resolve(name: str, download: bool = True) -> Path:
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelError(f"model '{name}' not found: no such folder, not a known alias "
                          f"({', '.join(fetch.ALIASES)}), not a .gguf file, not a Hugging Face id")
-    try:  # a Hub id: its snapshot in the local cache, never the network
-        return Path(snapshot_download(name, local_files_only=True))
+    try:  # a Hub id: its snapshot in the local cache first
+        return Path(snapshot_download(name, local_files_only=True, allow_patterns=DEFAULT_ALLOW_PATTERNS))
     except Exception as e:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError), a malformed id, ...: one line
-        why = "" if type(e).__name__ == "LocalEntryNotFoundError" else f": {str(e).splitlines()[0] if str(e) else e!r}"
-        raise ModelError(f"model '{name}': not a local folder and not in the Hugging Face cache (mtpcli never "
-                         f"downloads from the Hub; `hf download {name}` fetches it){why}") from None
+        if type(e).__name__ != "LocalEntryNotFoundError":
+            raise ModelError(f"model '{name}': not a local folder, not a Hugging Face id: {_first_line(e)}") from None
+    if not download or os.environ.get("MTPCLI_HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+        why = "HF_HUB_OFFLINE is set" if download else "this command downloads nothing"
+        raise ModelError(f"model '{name}': not a local folder and not in the Hugging Face cache, and {why} "
+                         f"(`hf download {name}` fetches it)")
+    return hub_download(name)
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def hub_download(name: str) -> Path:
+    """NAME's files that mlx-lm loads, downloaded from the Hub (HF_ENDPOINT) into its cache, with huggingface_hub's
+    progress bars on stderr; a failure (no network, no such repository, a gated one) is one line."""
+    from huggingface_hub import constants, get_session
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    print(f"mtpcli: downloading {name} from {constants.ENDPOINT} (HF_HUB_OFFLINE=1 turns this off) ...", file=sys.stderr,
+          flush=True)
+    constants.HF_HUB_OFFLINE, was = False, constants.HF_HUB_OFFLINE
+    get_session().timeout = HUB_TIMEOUT  # (its own default is none: an unreachable host would hang, not fail)
+    try:
+        return Path(snapshot_download(name, allow_patterns=DEFAULT_ALLOW_PATTERNS,
+                                     etag_timeout=HUB_TIMEOUT))
+    except Exception as e:  # noqa: BLE001 - connection, HTTP, disk: the user needs one line
+        cause = e.__cause__ or e.__context__ or e  # (a connection error is raised as "not in the cache", from it)
+        if isinstance(e, GatedRepoError) or isinstance(cause, GatedRepoError):
+            why = "a gated repository: accept its terms on the Hub and log in (`hf auth login`, or HF_TOKEN)"
+        elif isinstance(e, RepositoryNotFoundError) or isinstance(cause, RepositoryNotFoundError):
+            why = "no such repository (or a private one: log in with `hf auth login`, or set HF_TOKEN)"
+        elif isinstance(e, RevisionNotFoundError):
+            why = "no such revision"
+        elif type(e).__name__ == "LocalEntryNotFoundError":
+            why = f"the Hub cannot be reached (no network?): {_first_line(cause)}"
+        else:
+            why = _first_line(e)
+        raise ModelError(f"model '{name}': download from {constants.ENDPOINT} failed: {why}") from None
+    finally:
+        constants.HF_HUB_OFFLINE = was
+
+
+KEPT: dict | None = None  # `mtpcli chat` sets a dict: each model is loaded once, for every turn
+
+
+def kept(load):
+    """LOAD(name, ...) once per name and arguments while KEPT is a dict (chat), else every time."""
+    @functools.wraps(load)
+    def once(name, *args, **kwargs):
+        if KEPT is None:
+            return load(name, *args, **kwargs)
+        key = (load.__name__, name, *(a if isinstance(a, str) else id(a) for a in [*args, *kwargs.values()]))
+        if key not in KEPT:
+            KEPT[key] = load(name, *args, **kwargs)
+        return KEPT[key]
+    return once
+
+
+@kept
 def load(name: str, role: str = "model") -> Loaded:
     """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them.
     The config, the tokenizer and the weights' names first: a broken folder fails, naming its file, before any weights
@@ -108,6 +170,7 @@ def load(name: str, role: str = "model") -> Loaded:
 HEADS = {"eagle3": "EAGLE-3 draft head", "dflash": "DFlash block-diffusion drafter"}
 
 
+@kept
 def load_draft(name: str, target: Loaded) -> Loaded:
     """The draft of --draft-model: a model of the target's tokenizer (check_pair), or a trained head over the
     target's hidden states, built beside it (refused when made for another target)."""
