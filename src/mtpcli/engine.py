@@ -338,9 +338,9 @@ class Engine:
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
         self.drafter.start(b, req.prompt, hidden, keep=again)
         self.policy.reset(b)
-        shared = self.target.reused
-        run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
-                       shared_prompt=shared)
+        shared, cached = self.target.reused, self.target.cached
+        run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt) - cached,
+                       shared_prompt=shared, prompt_cached_tokens=cached, draft_cached_tokens=self.drafter.cached)
         if self.cfg.law == "typical":
             run.typical = {"enabled": True, "threshold": self.cfg.typical_threshold, "eps": self.cfg.typical_eps,
                            "distribution_exact": False}

@@ -20,6 +20,10 @@ class AutoDrafter(Drafter):
         """What `source` has for each row before drafting (the policy asks, per source)."""
         return self.sources[source].available(contexts, k)
 
+    @property
+    def cached(self) -> int:
+        return sum(d.cached for d in self.sources.values())
+
     def add_rows(self, n: int) -> None:
         for d in self.sources.values():
             d.add_rows(n)
