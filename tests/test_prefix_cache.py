@@ -12,10 +12,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from mtpcli import models as loading
 from mtpcli import prefix
+from mtpcli.cache import LM
 from mtpcli.cli import app
 from tiny import make_eagle3_head, make_hybrid_model, make_model, make_windowed_model, noisy_copy
 
@@ -59,6 +63,33 @@ def cold_then_warm(tmp_path, model, prompt, *args, first=P1):
     gen(tmp_path, model, first, *args)
     warm, stats = gen(tmp_path, model, prompt, *args)
     return cold, warm, stats
+
+
+def _bits(lm: LM, hidden) -> list[bytes]:
+    """Every array of a one-row LM's state (the keys' whole buffers, recurrent states, hidden states), as bytes."""
+    arrays = [a for c in lm.caches for a in (c.state if hasattr(c, "layout") else c.cache)] + [hidden]
+    return [(a.shape, a.dtype, np.array(a).tobytes()) for a in arrays if a is not None]
+
+
+@pytest.mark.parametrize("kind", ["full", "window", "hybrid"])
+def test_a_resumed_prefill_is_the_cold_one_bit_for_bit(models, tmp_path, kind):
+    """The state after P2's prefill resumed from P1's kept state equals a cold prefill's, array for array, bit for
+    bit, buffers' shapes included (and the tapped hidden states a head reads)."""
+    loaded = loading.load(str(models[kind]))
+    ids = [list(loaded.tokenizer.encode(p))[:-1] for p in (P1, P2)]
+    store = prefix.Store(64, tmp_path)
+
+    def prefill(tokens, shelf):
+        lm = LM(loaded.model, prefill_step=STEP, taps=(0, 1) if kind == "full" else ())
+        lm.shelf = shelf
+        lm.add_rows(1)
+        return lm, lm.set_row(0, tokens)
+
+    prefill(ids[0], store.shelf("key"))
+    store.flush()
+    warm = prefill(ids[1], store.shelf("key"))
+    assert warm[0].cached == KEPT
+    assert _bits(*warm) == _bits(*prefill(ids[1], None))
 
 
 TEMPS = [("--temp", "0"), ("--temp", "1", "--seed", "5")]
