@@ -280,7 +280,6 @@ def test_a_read_only_cache_folder_still_serves_and_only_loses_the_saving(models,
 def test_the_kept_file_is_plain_safetensors_and_the_commands_list_and_clear_it(models, tmp_path, cli):
     gen(tmp_path, models["full"], P1)
     (path,) = kept_files(os.environ["XDG_CACHE_HOME"])
-    import mlx.core as mx
 
     arrays, meta = mx.load(str(path), return_metadata=True)  # (any safetensors reader reads it)
     assert len(meta["tokens"].split(",")) == KEPT

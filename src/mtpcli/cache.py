@@ -202,11 +202,10 @@ class LM:
         if found is None:
             return 0
         n, arrays = found
+        slots = [(0, 0), (0, 0), (0, -n % STEP), (0, 0)]  # RowKV's slots: a multiple of STEP, zeros past the last
         for i, (k, c) in enumerate(zip(self.kinds, caches)):
             if isinstance(c, RowKV) and f"{i}.keys" in arrays:
-                pad = lambda a: mx.concatenate([a[..., :n, :], mx.zeros(a.shape[:2] + (-n % STEP, a.shape[3]), a.dtype)],
-                                               axis=2)  # noqa: E731
-                c.keys, c.values = pad(arrays[f"{i}.keys"]), pad(arrays[f"{i}.values"])
+                c.keys, c.values = (mx.pad(arrays[f"{i}.{x}"][..., :n, :], slots) for x in ("keys", "values"))
             elif k == "state":
                 c.cache = [arrays.get(f"{i}.state{j}") for j in range(len(c.cache))]
         if "hidden" in arrays:
