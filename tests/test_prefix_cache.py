@@ -71,25 +71,39 @@ def _bits(lm: LM, hidden) -> list[bytes]:
     return [(a.shape, a.dtype, np.array(a).tobytes()) for a in arrays if a is not None]
 
 
+def _prefill(loaded, tokens, shelf, taps=()):
+    """A one-row LM of `loaded` with `shelf`, after the prefill of `tokens`; and the hidden states it returned."""
+    lm = LM(loaded.model, prefill_step=STEP, taps=taps)
+    lm.shelf = shelf
+    lm.add_rows(1)
+    return lm, lm.set_row(0, tokens)
+
+
 @pytest.mark.parametrize("kind", ["full", "window", "hybrid"])
 def test_a_resumed_prefill_is_the_cold_one_bit_for_bit(models, tmp_path, kind):
     """The state after P2's prefill resumed from P1's kept state equals a cold prefill's, array for array, bit for
     bit, buffers' shapes included (and the tapped hidden states a head reads)."""
     loaded = loading.load(str(models[kind]))
     ids = [list(loaded.tokenizer.encode(p))[:-1] for p in (P1, P2)]
-    store = prefix.Store(64, tmp_path)
-
-    def prefill(tokens, shelf):
-        lm = LM(loaded.model, prefill_step=STEP, taps=(0, 1) if kind == "full" else ())
-        lm.shelf = shelf
-        lm.add_rows(1)
-        return lm, lm.set_row(0, tokens)
-
-    prefill(ids[0], store.shelf("key"))
+    store, taps = prefix.Store(64, tmp_path), (0, 1) if kind == "full" else ()
+    _prefill(loaded, ids[0], store.shelf("key"), taps)
     store.flush()
-    warm = prefill(ids[1], store.shelf("key"))
+    warm = _prefill(loaded, ids[1], store.shelf("key"), taps)
     assert warm[0].cached == KEPT
-    assert _bits(*warm) == _bits(*prefill(ids[1], None))
+    assert _bits(*warm) == _bits(*_prefill(loaded, ids[1], None, taps))
+
+
+def test_a_kept_state_of_other_shapes_under_the_same_key_is_a_miss_with_one_warning(models, tmp_path, capsys):
+    """Shapes and dtypes are checked against the model's own (here a full-attention state offered to a hybrid)."""
+    full, hybrid = loading.load(str(models["full"])), loading.load(str(models["hybrid"]))
+    ids = list(full.tokenizer.encode(P1))[:-1]
+    store = prefix.Store(64, tmp_path)
+    _prefill(full, ids, store.shelf("key"))
+    store.flush()
+    capsys.readouterr()
+    warm = _prefill(hybrid, ids, store.shelf("key"))
+    assert warm[0].cached == 0 and _bits(*warm) == _bits(*_prefill(hybrid, ids, None))
+    assert capsys.readouterr().err.count("shapes or dtypes") == 1
 
 
 TEMPS = [("--temp", "0"), ("--temp", "1", "--seed", "5")]

@@ -96,7 +96,8 @@ class LM:
         self.reused = False  # the last set_row took its prompt from the previous prefill
         self.shelf = None  # prefix.Shelf: this model's prefills kept across runs (generate attaches it)
         self.cached = 0  # tokens of the last prefill taken from the shelf
-        self._expected: dict | None = None  # what a kept state of this model holds (_check)
+        self.trims = "state" not in self.kinds  # a kept state's first n tokens are its state at n (not recurrent)
+        self._expected: dict | None = None  # what a kept state of this model holds (_fits)
 
     def _fresh(self, rows: int, bucketed: bool):
         layout = Layout(rows, bucketed)
@@ -163,7 +164,7 @@ class LM:
         hidden = []
         shelf = self.shelf if "native" not in self.kinds else None  # (opaque caches are not kept)
         self.cached = self._restore(tokens, layout, caches, hidden) if shelf else 0
-        step, trims = self.prefill_step, "state" not in self.kinds
+        step = self.prefill_step
         last = len(tokens) // step * step  # the last chunk boundary: its state is kept for later runs
         self._aim()
         for i in range(self.cached, len(tokens), step):
@@ -175,7 +176,7 @@ class LM:
                 hidden.append(self._kept(h))
             mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
             if shelf and i + step == last:
-                shelf.keep(tokens[:last], self._state(caches, hidden, last), trims)
+                shelf.keep(tokens[:last], self._state(caches, hidden, last), self.trims)
         hidden = mx.concatenate(hidden, axis=1) if hidden else None
         self._prefix = None
         if keep and "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time
@@ -198,7 +199,7 @@ class LM:
     def _restore(self, tokens: list[int], layout: Layout, caches: list, hidden: list) -> int:
         """Put the longest kept state of a prefix of `tokens` into fresh one-row caches as a cold prefill leaves it
         (the keys' slots padded as RowKV grows them); returns its length (0: none)."""
-        found = self.shelf.find(tokens, self.prefill_step, "state" not in self.kinds, self._fits)
+        found = self.shelf.find(tokens, self.prefill_step, self.trims, self._fits)
         if found is None:
             return 0
         n, arrays = found
@@ -226,11 +227,14 @@ class LM:
             h = self.parts[0](x, cache=caches) if self.parts else self.model(x, cache=caches)
             state = self._state(caches, [self._kept(h)] if self.keep_hidden else [], 1)
             self._expected = {k: (a.shape, a.dtype) for k, a in state.items()}
-        grows = lambda name: 1 if name == "hidden" else 2 if name.endswith(("keys", "values")) else None  # noqa: E731
-        return arrays.keys() == self._expected.keys() and all(
-            a.dtype == self._expected[k][1] and a.ndim == len(self._expected[k][0])
-            and all(s == e or (d == grows(k) and s >= n) for d, (s, e) in enumerate(zip(a.shape, self._expected[k][0])))
-            for k, a in arrays.items())
+
+        def fits(name: str, a: mx.array) -> bool:
+            shape, dtype = self._expected[name]
+            grows = 1 if name == "hidden" else 2 if name.endswith(("keys", "values")) else None  # the token axis
+            return a.dtype == dtype and a.ndim == len(shape) and all(
+                s == e or (d == grows and s >= n) for d, (s, e) in enumerate(zip(a.shape, shape)))
+
+        return arrays.keys() == self._expected.keys() and all(fits(k, a) for k, a in arrays.items())
 
     def set_row(self, row: int, tokens: list[int], keep: bool = False) -> mx.array | None:
         """Prefill `tokens` and put them in `row`, replacing whatever it held (`keep`: the next set_row will be the
