@@ -100,7 +100,7 @@ class Config:
     chat: Optional[bool] = key(None, "Apply the tokenizer's chat template (default: when it has one).")
     system: Optional[str] = key(None, "System message for the chat template.")
     format: str = key("text", "Output format: text, json or jsonl.", ("text", "json", "jsonl"))
-    prefill_step: int = key(512, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
+    prefill_step: int = key(128, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
                             ">= 1")
     prefill_cache: bool = key(True, "Keep each prompt's prefill (the target's and the draft model's) on disk "
                               "($XDG_CACHE_HOME/mtpcli/prefill/) and resume from the longest kept prefix of a later "
