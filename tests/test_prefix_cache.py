@@ -39,12 +39,13 @@ def models(tmp_path_factory):
             "eagle3": make_eagle3_head(root / "eagle3", full, taps=[0, 0, 1]), "root": root}
 
 
-def gen(tmp_path, model, prompt, *args, cache=True):
+def gen(tmp_path, model, prompt, *args, cache=True, log=False):
     """One in-process `mtpcli generate` (T, seed and the rest in args): (stdout, its --stats-json)."""
     stats = tmp_path / "stats.json"
     jsonl = ["--prompts-jsonl", _jsonl(tmp_path, prompt)] if isinstance(prompt, list) else ["-p", prompt]
-    r = CliRunner().invoke(app, ["generate", "-m", str(model), *jsonl, "--max-tokens", "24", "-q", "--no-log",
-                                 "--no-chat", "--prefill-step", str(STEP), "--stats-json", str(stats),
+    r = CliRunner().invoke(app, ["generate", "-m", str(model), *jsonl, "--max-tokens", "24", "-q",
+                                 *["--no-log"] * (not log), "--no-chat", "--prefill-step", str(STEP),
+                                 "--stats-json", str(stats),
                                  "--prefill-cache" if cache else "--no-prefill-cache", *map(str, args)],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.stderr
@@ -142,6 +143,17 @@ def test_a_warm_run_gives_the_cold_runs_tokens_with_every_drafter(models, tmp_pa
     assert warm == cold and cold.strip()
     assert stats["prompt_cached_tokens"] == KEPT
     assert stats["draft_cached_tokens"] == (KEPT if drafter == "draft model" else 0)
+
+
+def test_the_statistics_and_the_run_log_say_how_many_prompt_tokens_each_model_reused(models, tmp_path):
+    args = ("--draft", "model", "--draft-model", models["draft"])
+    gen(tmp_path, models["full"], P1, *args, log=True)
+    gen(tmp_path, models["full"], P2, *args, log=True)
+    shown = CliRunner().invoke(app, ["stats"])
+    assert f"prompt_cached_tokens: {KEPT} (draft model {KEPT})" in shown.stdout + shown.stderr
+    logged = json.loads(CliRunner().invoke(app, ["stats", "--last", "2", "--json"]).stdout)
+    assert sorted(r["stats"]["prompt_cached_tokens"] for r in logged) == [0, KEPT]
+    assert sorted(r["stats"]["draft_cached_tokens"] for r in logged) == [0, KEPT]
 
 
 def test_a_prompt_that_leaves_a_kept_one_resumes_at_their_last_shared_boundary(models, tmp_path):
