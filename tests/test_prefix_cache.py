@@ -303,6 +303,25 @@ def test_a_read_only_cache_folder_still_serves_and_only_loses_the_saving(models,
 
 # ---- the store itself ----------------------------------------------------------------------------------------------
 
+def test_every_damage_of_a_kept_file_is_refused_as_such(models, tmp_path):
+    """A byte changed anywhere (header, token ids, data) or the file cut anywhere: read_header and load either refuse
+    it (Bad) or, for a change that leaves the header's meaning alone (its padding), give back the very same state."""
+    gen(tmp_path, models["full"], P1)
+    (path,) = kept_files(os.environ["XDG_CACHE_HOME"])
+    good, (meta, arrays) = path.read_bytes(), prefix.load(path)
+    rng = np.random.default_rng(0)
+    tokens = good.index(b'"tokens"') + 11  # (the token ids in the header)
+    for cut in [*rng.integers(0, len(good), 40), *rng.integers(0, 300, 20), *rng.integers(tokens, tokens + 200, 20)]:
+        path.write_bytes(good[:cut] + bytes([good[cut] ^ (1 << int(rng.integers(8)))]) + good[cut + 1 :]
+                         if rng.random() < 0.7 else good[:cut])
+        try:
+            m, a = prefix.load(path)
+            prefix.read_header(path)
+        except prefix.Bad:
+            continue
+        assert m == meta and all(np.array_equal(a[k], arrays[k]) for k in arrays), cut
+
+
 def test_the_kept_file_is_plain_safetensors_and_the_commands_list_and_clear_it(models, tmp_path, cli):
     gen(tmp_path, models["full"], P1)
     (path,) = kept_files(os.environ["XDG_CACHE_HOME"])

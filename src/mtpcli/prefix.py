@@ -95,16 +95,20 @@ def read_header(path: Path) -> tuple[dict, list[int]]:
         raise Bad("no token prefix") from None
 
 
+def _crc(meta: dict) -> int:
+    """The start of a kept file's checksum: its key and tokens (then its data)."""
+    return zlib.crc32(f"{meta.get('key')}\n{meta.get('tokens')}".encode())
+
+
 def load(path: Path) -> tuple[dict, dict[str, mx.array]]:
-    """The metadata and the arrays of a kept file, checked: its layout and the CRC of its data."""
+    """The metadata and the arrays of a kept file, checked: its layout and the CRC of its key, tokens and data."""
     raw = path.read_bytes()
     entries, meta, start = _header(raw, len(raw))
-    data, arrays, crc = memoryview(raw)[start:], {}, 0
-    end = 0
+    data, arrays, crc, end = memoryview(raw)[start:], {}, _crc(meta), 0
     for name in sorted(entries):
         e = entries[name]
         try:
-            code, shape, (a, b) = e["dtype"], [int(s) for s in e["shape"]], e["data_offsets"]
+            code, shape, (a, b) = e["dtype"], [int(s) for s in e["shape"]], [int(x) for x in e["data_offsets"]]
             dtype = np.dtype(NUMPY[code])
         except (KeyError, TypeError, ValueError):
             raise Bad(f"tensor {name!r}: not a kept state") from None
@@ -114,21 +118,21 @@ def load(path: Path) -> tuple[dict, dict[str, mx.array]]:
         x = mx.array(np.frombuffer(data[a:b], dtype).reshape(shape))
         arrays[name] = x.view(mx.bfloat16) if code == "BF16" else x
     if end != len(data) or str(crc) != meta.get("crc"):
-        raise Bad("truncated or damaged (its data do not match their checksum)")
+        raise Bad("truncated or damaged (it does not match its checksum)")
     return meta, arrays
 
 
 def save(path: Path, key: str, tokens: list[int], arrays: dict[str, mx.array]) -> None:
     """Write a kept state whole (a temporary file, then os.replace); OSError passes through (the temporary removed)."""
-    bufs, entries, at, crc = [], {}, 0, 0
+    meta = {"format": str(FORMAT), "key": key, "tokens": ",".join(map(str, tokens))}
+    bufs, entries, at, crc = [], {}, 0, _crc(meta)
     for name in sorted(arrays):
         a = arrays[name]
         buf = np.ascontiguousarray(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
         entries[name] = {"dtype": CODES[a.dtype], "shape": list(a.shape), "data_offsets": [at, at + buf.nbytes]}
         bufs.append(buf)
         crc, at = zlib.crc32(buf, crc), at + buf.nbytes
-    entries["__metadata__"] = {"format": str(FORMAT), "key": key, "tokens": ",".join(map(str, tokens)),
-                               "crc": str(crc)}
+    entries["__metadata__"] = {**meta, "crc": str(crc)}
     head = json.dumps(entries).encode()
     head += b" " * (-len(head) % 8)
     path.parent.mkdir(parents=True, exist_ok=True)
