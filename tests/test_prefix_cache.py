@@ -36,7 +36,7 @@ def models(tmp_path_factory):
     full = make_model(root / "full", max_positions=512)
     return {"full": full, "window": make_windowed_model(root / "window"), "hybrid": make_hybrid_model(root / "hybrid"),
             "draft": noisy_copy(full, root / "draft"), "other": noisy_copy(full, root / "other", noise=0.5, seed=7),
-            "eagle3": make_eagle3_head(root / "eagle3", full, taps=[0, 0, 1]), "root": root}
+            "eagle3": make_eagle3_head(root / "eagle3", full, taps=[0, 0, 1])}
 
 
 def gen(tmp_path, model, prompt, *args, cache=True, log=False):
