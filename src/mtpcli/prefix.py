@@ -6,8 +6,8 @@ One safetensors file per kept prompt prefix in $XDG_CACHE_HOME/mtpcli/prefill/, 
 state only at a prefill chunk boundary (it prefills in chunks of prefill_step from position 0, and the step is in
 the key), and a prefill resumed there is the cold one, bit for bit. An attention state's first n positions are its
 state at n: it serves any shorter boundary; a recurrent state serves its own boundary only. Files are written whole
-after the run's output (a temporary file, then os.replace), checked before use (key, tokens, layout, a CRC of the
-data; cache.LM checks shapes and dtypes against the model), and least recently used go first past the size cap.
+after the run's output (a temporary file, then os.replace), checked before use (key, tokens, layout, a CRC of key,
+tokens and data; cache.LM checks shapes and dtypes against the model), and least recently used go first past the size cap.
 A file that fails a check is a miss (one warning; it is left in place); a full or read-only disk only loses the
 saving."""
 
@@ -221,14 +221,18 @@ class Store:
         files a killed run left behind go after an hour."""
         files = []
         try:
-            for p in self.root.iterdir():
+            paths = list(self.root.iterdir())
+        except OSError:  # (a folder that cannot be read)
+            paths = []
+        for p in paths:
+            try:
                 st = p.stat()
                 if p.name.endswith(".safetensors"):
                     files.append((st.st_mtime, st.st_size, p))
                 elif p.name.endswith(".tmp") and st.st_mtime < time.time() - 3600:
-                    p.unlink(missing_ok=True)
-        except OSError:  # (a file another run removed meanwhile, a folder that cannot be read)
-            pass
+                    p.unlink()
+            except OSError:  # (removed by another run meanwhile)
+                continue
         total = sum(s for _, s, _ in files)
         for _, s, p in sorted(files):
             if total <= self.cap:
