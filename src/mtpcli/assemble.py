@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from . import history, models, runlog
+from . import history, models, prefix, runlog
 from .config import Config
 from .controller import EmaController, FixedWidth
 from .drafters import Drafter, NoDraft
@@ -76,6 +76,20 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
     if isinstance(policy, AutoPolicy):
         use_kept_costs(policy, costs_key(cfg, eng.batch_size))
     return eng
+
+
+def keep_prefills(cfg: Config, eng: Engine, target: models.Loaded, draft: models.Loaded | None) -> prefix.Store:
+    """The kept prefills (prefix.py) of the target's and each draft model's prefills: a shelf each, under the key of
+    what makes its states valid (a head's states are the target's hidden states, kept with them)."""
+    store = prefix.Store(cfg.prefill_cache_mb)
+    named = eng.drafter.sources if isinstance(eng.drafter, AutoDrafter) else {eng.drafter.name: eng.drafter}
+    lms = [(eng.target, target, "target")] + [(d.lm, draft, "draft model") for d in named.values()
+                                              if isinstance(d, ModelDrafter)]
+    for lm, loaded, role in lms:
+        hidden = f"taps {list(lm.taps)}" if lm.taps else "last" if lm.keep_hidden else "none"
+        lm.shelf = store.shelf(prefix.model_key(loaded.path, loaded.model, role,
+                                                f"prefill_step {lm.prefill_step}, hidden states {hidden}"))
+    return store
 
 
 REBASE = 32  # a first run that keeps its table decides by its own measurements from this cycle on (AutoPolicy)

@@ -16,7 +16,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from .errors import ModelError
-from .layout import Layout, RowKV, TreeRope
+from .layout import STEP, Layout, RowKV, TreeRope
 
 BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
 
@@ -94,6 +94,10 @@ class LM:
         self._prefix: tuple | None = None  # the last prefilled prompt: (tokens, layout, caches, hidden)
         self.replayed_tokens = 0
         self.reused = False  # the last set_row took its prompt from the previous prefill
+        self.shelf = None  # prefix.Shelf: this model's prefills kept across runs (generate attaches it)
+        self.cached = 0  # tokens of the last prefill taken from the shelf
+        self.trims = "state" not in self.kinds  # a kept state's first n tokens are its state at n (not recurrent)
+        self._expected: dict | None = None  # what a kept state of this model holds (_fits)
 
     def _fresh(self, rows: int, bucketed: bool):
         layout = Layout(rows, bucketed)
@@ -154,24 +158,83 @@ class LM:
         set_row of the same tokens (-n), else let them go (held twice, the prompt's cache would cost twice)."""
         self.reused = self._prefix is not None and self._prefix[0] == tuple(tokens)
         if self.reused:
-            prefix, self._prefix = self._prefix[1:], self._prefix if keep else None
+            prefix, self._prefix, self.cached = self._prefix[1:], self._prefix if keep else None, 0
             return prefix
         layout, caches = self._fresh(1, False)
         hidden = []
+        shelf = self.shelf if "native" not in self.kinds else None  # (opaque caches are not kept)
+        self.cached = self._restore(tokens, layout, caches, hidden) if shelf else 0
+        step = self.prefill_step
+        last = len(tokens) // step * step  # the last chunk boundary: its state is kept for later runs
         self._aim()
-        for i in range(0, len(tokens), self.prefill_step):
-            chunk = mx.array(tokens[i : i + self.prefill_step])[None]
+        for i in range(self.cached, len(tokens), step):
+            chunk = mx.array(tokens[i : i + step])[None]
             layout.begin(chunk.shape[1], None)
             h = self.parts[0](chunk, cache=caches) if self.parts else self.model(chunk, cache=caches)
             layout.end()
             if self.keep_hidden:
                 hidden.append(self._kept(h))
             mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
+            if shelf and i + step == last:
+                shelf.keep(tokens[:last], self._state(caches, hidden, last), self.trims)
         hidden = mx.concatenate(hidden, axis=1) if hidden else None
         self._prefix = None
         if keep and "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time
             self._prefix = (tuple(tokens), layout, caches, hidden)
         return layout, caches, hidden
+
+    def _state(self, caches: list, hidden: list, n: int) -> dict[str, mx.array]:
+        """A one-row prefill's state at n tokens, by name: each attention layer's keys and values, each recurrent
+        layer's arrays, the hidden states."""
+        out = {}
+        for i, (k, c) in enumerate(zip(self.kinds, caches)):
+            if isinstance(c, RowKV) and c.keys is not None:
+                out[f"{i}.keys"], out[f"{i}.values"] = c.keys[..., :n, :], c.values[..., :n, :]
+            elif k == "state":
+                out |= {f"{i}.state{j}": a for j, a in enumerate(c.cache) if a is not None}
+        if hidden:
+            out["hidden"] = mx.concatenate(hidden, axis=1)[:, :n]
+        return out
+
+    def _restore(self, tokens: list[int], layout: Layout, caches: list, hidden: list) -> int:
+        """Put the longest kept state of a prefix of `tokens` into fresh one-row caches as a cold prefill leaves it
+        (the keys' slots padded as RowKV grows them); returns its length (0: none)."""
+        found = self.shelf.find(tokens, self.prefill_step, self.trims, self._fits)
+        if found is None:
+            return 0
+        n, arrays = found
+        slots = [(0, 0), (0, 0), (0, -n % STEP), (0, 0)]  # RowKV's slots: a multiple of STEP, zeros past the last
+        for i, (k, c) in enumerate(zip(self.kinds, caches)):
+            if isinstance(c, RowKV) and f"{i}.keys" in arrays:
+                c.keys, c.values = (mx.pad(arrays[f"{i}.{x}"][..., :n, :], slots) for x in ("keys", "values"))
+            elif k == "state":
+                c.cache = [arrays.get(f"{i}.state{j}") for j in range(len(c.cache))]
+        if "hidden" in arrays:
+            hidden.append(arrays["hidden"][:, :n])
+        layout.valid, layout.pos = np.ones((1, n), bool), np.array([n])
+        layout.write = layout.capacity = n
+        mx.eval([getattr(c, "state", []) for c in caches] + hidden)
+        return n
+
+    def _fits(self, n: int, arrays: dict[str, mx.array]) -> bool:
+        """A kept state holds what this model's does, shape for shape (the token axis at least n long) and dtype for
+        dtype: compared with the graph of a one-token prefill, built and never evaluated."""
+        if self._expected is None:
+            layout, caches = self._fresh(1, False)
+            self._aim()
+            layout.begin(1, None)
+            x = mx.zeros((1, 1), mx.int32)
+            h = self.parts[0](x, cache=caches) if self.parts else self.model(x, cache=caches)
+            state = self._state(caches, [self._kept(h)] if self.keep_hidden else [], 1)
+            self._expected = {k: (a.shape, a.dtype) for k, a in state.items()}
+
+        def fits(name: str, a: mx.array) -> bool:
+            shape, dtype = self._expected[name]
+            grows = 1 if name == "hidden" else 2 if name.endswith(("keys", "values")) else None  # the token axis
+            return a.dtype == dtype and a.ndim == len(shape) and all(
+                s == e or (d == grows and s >= n) for d, (s, e) in enumerate(zip(a.shape, shape)))
+
+        return arrays.keys() == self._expected.keys() and all(fits(k, a) for k, a in arrays.items())
 
     def set_row(self, row: int, tokens: list[int], keep: bool = False) -> mx.array | None:
         """Prefill `tokens` and put them in `row`, replacing whatever it held (`keep`: the next set_row will be the

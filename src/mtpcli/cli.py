@@ -30,9 +30,11 @@ app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, **PLAIN,
 profile_app = typer.Typer(**PLAIN, help="List, show, choose and validate TOML profiles.")
 models_app = typer.Typer(**PLAIN, help="Known model aliases, the model cache, and checkpoints.")
 history_app = typer.Typer(**PLAIN, help="The history store that the history drafter drafts from (--history).")
+prefill_app = typer.Typer(**PLAIN, help="The prompts' prefills kept on disk (--prefill-cache).")
 app.add_typer(profile_app, name="profile")
 app.add_typer(models_app, name="models")
 app.add_typer(history_app, name="history")
+app.add_typer(prefill_app, name="prefill")
 
 _global = {"profile": None, "terminated": False}
 def _confirm(yes: bool, what: str, question: str) -> None:
@@ -325,6 +327,32 @@ def history_export(text: bool = typer.Option(False, "--text", help="Add the deco
     from . import report
 
     report.history_export(text)
+
+
+# ---- kept prefills -----------------------------------------------------------------------------
+@prefill_app.command("list")
+def prefill_list():
+    """Each kept prefill: its model, role, tokens, size and last use, most recent first."""
+    from . import prefix
+    from .fetch import human_size
+    from .stats import table
+
+    rows, total = [], 0
+    for path, meta, tokens, size, used in prefix.listing():
+        total += size
+        model, role = (meta.get("model", "?"), meta.get("role", "?")) if meta else ("(not readable)", "")
+        rows.append([model, role, str(tokens) if meta else "", human_size(size), used, path.name])
+    table(["model", "role", "tokens", "size", "last used", "file"], rows)
+    print(f"prefill cache: {prefix.folder()} ({human_size(total)} in all)", file=sys.stderr)
+
+
+@prefill_app.command("clear")
+def prefill_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+    """Delete every kept prefill (asks on a terminal; --yes otherwise)."""
+    from . import prefix
+
+    _confirm(yes, "prefill clear", f"Delete every prefill kept in {prefix.folder()}?")
+    print(f"prefill cache: {prefix.clear()} files deleted", file=sys.stderr)
 
 
 # ---- models ------------------------------------------------------------------------------------

@@ -105,7 +105,13 @@ class Config:
     chat: Optional[bool] = key(None, "Apply the tokenizer's chat template (default: when it has one).")
     system: Optional[str] = key(None, "System message for the chat template.")
     format: str = key("text", "Output format: text, json or jsonl.", ("text", "json", "jsonl"))
-    prefill_step: int = key(512, "Prefill chunk size in tokens.", _rng(1), ">= 1")
+    prefill_step: int = key(128, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
+                            ">= 1")
+    prefill_cache: bool = key(True, "Keep each prompt's prefill (the target's and the draft model's) on disk "
+                              "($XDG_CACHE_HOME/mtpcli/prefill/) and resume from the longest kept prefix of a later "
+                              "prompt: the same output, token for token.", flag="--prefill-cache")
+    prefill_cache_mb: float = key(2048.0, "Size cap of the kept prefills in MiB; the least recently used go first.",
+                                  _rng(0.0, lo_open=True), "> 0")
     distributed: str = key("auto", "Under mlx.launch (mtpcli launch): data (each rank decodes a share of the prompts), "
                            "tensor or pipeline (the target sharded over the ranks); auto: data with several prompts, "
                            "else tensor.", ("auto", "data", "tensor", "pipeline"))
@@ -126,7 +132,7 @@ class Config:
         """What the run log and --stats-json keep of the settings."""
         keep = ("model", "draft_model", "draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "temp",
                 "top_p", "top_k", "min_p", "seed", "max_tokens", "typical_threshold", "typical_eps", "history",
-                "tree", "tree_children")
+                "tree", "tree_children", "prefill_cache")
         return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in keep}}
 
 

@@ -344,11 +344,11 @@ class Engine:
         t1 = time.perf_counter()
         self.drafter.start(b, req.prompt, hidden, keep=again)
         self.policy.reset(b)
-        shared = self.target.reused
-        run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
-                       shared_prompt=shared)
+        shared, cached = self.target.reused, self.target.cached
+        run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt) - cached,
+                       shared_prompt=shared, prompt_cached_tokens=cached, draft_cached_tokens=self.drafter.cached)
         waiting = self.drafter.backlog(b, req.prompt)  # (a deferred draft model: all of it)
-        run.draft_prefill_tokens = 0 if waiting is None or shared else len(req.prompt) - waiting
+        run.draft_prefill_tokens = 0 if waiting is None or shared else len(req.prompt) - waiting - run.draft_cached_tokens
         if self.cfg.law == "typical":
             run.typical = {"enabled": True, "threshold": self.cfg.typical_threshold, "eps": self.cfg.typical_eps,
                            "distribution_exact": False}

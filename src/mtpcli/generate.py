@@ -202,6 +202,10 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
     engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
         assemble.engine(cfg, target, draft, size, store, keep=opts.log)
+    kept = assemble.keep_prefills(cfg, engine, target, draft) if cfg.prefill_cache and not group.sharded else None
+    if cfg.prefill_cache and group.sharded and group.root:  # (its ranks would have to agree where they resume)
+        err(f"mtpcli: note: a sharded target (--distributed {group.mode}) does not keep prefills; the prompt is "
+            "prefilled in full")
     notes(cfg, engine, requests, opts, size, said)
     writer = Writer(cfg.format, sys.stdout, target.tokenizer, completions, opts.separator, not opts.single,
                     engine.runs)
@@ -209,6 +213,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     status = decode(group, engine, requests, writer, store)
     writer.close()
     total, record = summarize(cfg, group, engine, items, completions, opts, time.perf_counter() - t0, load_s)
+    if kept is not None:  # (after the output)
+        kept.flush()
     if store is not None and group.root:
         store.save()
     if auto := assemble.remember_costs(engine, opts.log):

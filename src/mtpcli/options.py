@@ -11,7 +11,8 @@ from .config import SCHEMA
 
 SHORT = {"model": ("-m",)}  # short aliases of settings options
 # The sections of `generate --help`, in this order; a settings key not named here goes under Options.
-PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefill_step"),
+PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefill_step", "prefill_cache",
+                                                  "prefill_cache_mb"),
           "Sampling": ("max_tokens", "temp", "top_p", "top_k", "min_p", "seed", "typical_threshold", "typical_eps"),
           "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "history", "history_max_mb",
                        "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),

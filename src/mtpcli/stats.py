@@ -114,6 +114,8 @@ class RunStats(_Drafts):
     controller_estimate: float | None = None
     typical: dict[str, Any] | None = None
     shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
+    prompt_cached_tokens: int = 0  # prompt tokens the target took from kept prefills (prefix.py)
+    draft_cached_tokens: int = 0  # ... the draft model
     sources: dict[str, SourceStats] = field(default_factory=dict)  # per draft source, and "plain" (width 0)
     source_trace: list[str] = field(default_factory=list)
     _typical_sums: dict[str, float] = field(default_factory=Counter)
@@ -143,8 +145,9 @@ class RunStats(_Drafts):
         """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
-                     "draft_prefill_s", "draft_prefill_tokens", "decode_s", "accept_lengths", "draft_widths",
-                     "_typical_sums", "width_trace", "tpc_trace", "source_trace", "trees"):
+                     "draft_prefill_s", "draft_prefill_tokens", "prompt_cached_tokens", "draft_cached_tokens",
+                     "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
+                     "source_trace", "trees"):
             setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
@@ -185,8 +188,9 @@ class RunStats(_Drafts):
                 "accept_rate": mean("accepted"), "mean_entropy": mean("entropy"), "mean_floor": mean("floor")}
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted",
-                                           "acceptance_rate", "tokens_per_cycle", "accept_by_position")}
+        d = {k: getattr(self, k) for k in ("prompt_tokens", "prompt_cached_tokens", "draft_cached_tokens",
+                                           "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate",
+                                           "tokens_per_cycle", "accept_by_position")}
         d |= {"accept_length_hist": {str(k): v for k, v in sorted(self.accept_lengths.items())},
               "draft_width_hist": {str(k): v for k, v in sorted(self.draft_widths.items())},
               "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps, "ttft_s": self.ttft_s,
@@ -283,6 +287,9 @@ def _seconds(d: dict[str, Any]) -> list[tuple[str, str]]:
 def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
     """The rows of a run's statistics, from its record (RunStats.to_dict, as the run log keeps it)."""
     rows = [(k, str(d[k])) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted")]
+    if d.get("prompt_cached_tokens") or d.get("draft_cached_tokens"):  # (kept prefills: prefix.py)
+        rows.insert(1, ("prompt_cached_tokens", f"{d['prompt_cached_tokens']} (draft model "
+                                                f"{d.get('draft_cached_tokens', 0)})"))
     rows += [("acceptance_rate", f"{d['acceptance_rate']:.3f}"), ("tokens_per_cycle", f"{d['tokens_per_cycle']:.3f}"),
              ("accept_by_position", rates_text(d["accept_by_position"]) or "-"),
              ("accept_length_hist", _hist(d["accept_length_hist"])), ("draft_width_hist", _hist(d["draft_width_hist"])),

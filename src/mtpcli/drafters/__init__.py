@@ -142,6 +142,11 @@ class Drafter:
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
 
+    @property
+    def cached(self) -> int:
+        """Prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them."""
+        return 0
+
 
 class Lookup(Drafter):
     """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `looks(row,

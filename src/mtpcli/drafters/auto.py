@@ -28,6 +28,10 @@ class AutoDrafter(Drafter):
     def backlog(self, row: int, context: list[int]) -> int | None:
         return max((n for d in self.sources.values() if (n := d.backlog(row, context)) is not None), default=None)
 
+    @property
+    def cached(self) -> int:
+        return sum(d.cached for d in self.sources.values())
+
     def add_rows(self, n: int) -> None:
         for d in self.sources.values():
             d.add_rows(n)

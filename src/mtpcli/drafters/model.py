@@ -39,6 +39,10 @@ class ModelDrafter(Drafter):
         self._proposed_from: list[int] = []
         self._fed = 0
 
+    @property
+    def cached(self) -> int:
+        return self.lm.cached
+
     def add_rows(self, n: int) -> None:
         self.lm.add_rows(n)
 
