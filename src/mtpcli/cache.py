@@ -196,6 +196,13 @@ class LM:
             out["hidden"] = mx.concatenate(hidden, axis=1)[:, :n]
         return out
 
+    def kept(self, tokens: list[int]) -> int:
+        """How many of `tokens` a prefill would take from the shelf (its files' headers only; 0 without one)."""
+        if self.shelf is None or "native" in self.kinds:
+            return 0
+        found = self.shelf.candidates(tokens, self.prefill_step, self.trims)
+        return found[0][0] if found else 0
+
     def _restore(self, tokens: list[int], layout: Layout, caches: list, hidden: list) -> int:
         """Put the longest kept state of a prefix of `tokens` into fresh one-row caches as a cold prefill leaves it
         (the keys' slots padded as RowKV grows them); returns its length (0: none)."""

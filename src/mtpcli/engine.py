@@ -256,6 +256,7 @@ class Engine:
             if not r.done:  # a row that finished while this step was in flight: its step is dropped
                 caught = draft.caught_up[b] if draft.caught_up else 0  # a draft model's catch-up: its prefill
                 r.run.draft_prefill_tokens += caught
+                r.run.draft_cached_tokens += draft.kept_up[b] if draft.kept_up else 0
                 r.run.draft_prefill_s += draft.catch_up_s if caught else 0.0
                 yield from self._record(r, source if draft.k else None, draft.lengths[b], draft.requested[b],
                                         n_acc[b], news[b], max(seconds - (draft.catch_up_s if caught else 0.0), 0.0),

@@ -258,18 +258,17 @@ class Shelf:
     def _path(self, tokens: list[int]) -> Path:
         return self.store.root / f"{self.id}-{_digest(np.asarray(tokens, '<i4').tobytes())}.safetensors"
 
-    def find(self, tokens: list[int], step: int, trims: bool, fits) -> tuple[int, dict[str, mx.array]] | None:
-        """(n, the kept arrays) for the longest usable kept prefix of `tokens`: n a multiple of `step` (`trims`:
-        a longer kept state serves it; else only one kept at exactly n), its arrays such that fits(n, arrays) (the
-        model's shapes and dtypes); None if there is none."""
-        self._found = None
+    def candidates(self, tokens: list[int], step: int, trims: bool) -> list[tuple[int, bool, float, Path]]:
+        """From the files' headers alone: (n, whether the file holds just that prefix, its time, the file) for each
+        kept prefix of `tokens` usable at n tokens, n a multiple of `step` (`trims`: a longer kept state serves it;
+        else only one kept at exactly n), the longest first."""
         if len(tokens) < step:
-            return None
+            return []
         found, mine = [], np.asarray(tokens)
         try:
             paths = list(self.store.root.glob(f"{self.id}-*.safetensors"))
         except OSError:
-            return None
+            return []
         for path in paths:
             try:
                 meta, kept = read_header(path)
@@ -289,7 +288,13 @@ class Shelf:
                 continue
             except (Bad, OSError) as e:
                 warn(f"prefill cache: {path}: {e}; not used (left in place)")
-        for n, whole, _, path in sorted(found, reverse=True):
+        return sorted(found, reverse=True)
+
+    def find(self, tokens: list[int], step: int, trims: bool, fits) -> tuple[int, dict[str, mx.array]] | None:
+        """(n, the kept arrays) for the longest usable kept prefix of `tokens` (`candidates`) whose arrays pass
+        fits(n, arrays) (the model's shapes and dtypes); None if there is none."""
+        self._found = None
+        for n, whole, _, path in self.candidates(tokens, step, trims):
             try:
                 meta, arrays = load(path)
                 if meta.get("key") != self.key or meta.get("tokens", "").split(",")[:n] != \

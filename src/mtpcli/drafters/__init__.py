@@ -29,6 +29,7 @@ class Draft:
     #                                           estimates it (n-gram match, the draft's confidence), if it does
     tree: Shape | None = None  # a tree of drafts (tree.py; tokens by node, lengths its nodes), None for chains
     caught_up: list[int] | None = None  # per row, committed tokens the source prefilled before drafting (a backlog)
+    kept_up: list[int] | None = None  # per row, tokens of that backlog the kept prefills held
     catch_up_s: float = 0.0  # ... and the seconds that took
 
     @property

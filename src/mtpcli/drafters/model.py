@@ -38,6 +38,7 @@ class ModelDrafter(Drafter):
         self.p_min, self.defer = p_min, defer
         self._proposed_from: list[int] = []
         self._fed = 0
+        self._kept: dict[int, int] = {}  # a deferred row's prompt tokens the kept prefills hold (for its price)
 
     @property
     def cached(self) -> int:
@@ -48,23 +49,27 @@ class ModelDrafter(Drafter):
 
     def keep_rows(self, rows: list[int]) -> None:
         self.lm.keep_rows(rows)
+        self._kept = {i: self._kept.get(r, 0) for i, r in enumerate(rows)}
 
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.lm.set_row(row, [] if self.defer else prompt[:-1], keep and not self.defer)
+        self._kept[row] = self.lm.kept(prompt[:-1]) if self.defer else 0
         self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
 
     def backlog(self, row: int, context: list[int]) -> int:
-        """(Where a kept prefill cache holds a prefix of a row not started yet, its prefill is only the rest: the
-        hook auto prices the draft model's coming in by.)"""
-        return len(context) - int(self.lm.pos[row])
+        """What the row would prefill before drafting now (auto prices the draft model's coming in by it): its
+        context past the cache, less what the kept prefills hold of a row not prefilled yet."""
+        pos = int(self.lm.pos[row])
+        return len(context) - pos - (self._kept.get(row, 0) if pos == 0 else 0)
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
-        t0, caught = time.perf_counter(), [0] * B
+        t0, caught, kept = time.perf_counter(), [0] * B, [0] * B
         for b, c in enumerate(contexts):  # a deferred row's first draft: its prefill, as at an eager start
             if self.defer and self.lm.pos[b] == 0 and len(c) > 1:
                 self.lm.set_row(b, c[:-1])
-                caught[b] = len(c) - 1
+                kept[b] = self.lm.cached
+                caught[b] = len(c) - 1 - kept[b]
         catch_up_s = time.perf_counter() - t0 if any(caught) else 0.0
         self._proposed_from, self._fed = [len(c) for c in contexts], 0
         pending = [c[int(p):] for c, p in zip(contexts, self.lm.pos)]  # committed, not yet cached
@@ -87,7 +92,7 @@ class ModelDrafter(Drafter):
             return self.lm.forward(*block, last=True)[:, -1]
 
         draft = chain_or_tree(self, step, caps, sp, keys, plan)
-        draft.caught_up, draft.catch_up_s = caught, catch_up_s
+        draft.caught_up, draft.kept_up, draft.catch_up_s = caught, kept, catch_up_s
         return draft
 
     def tree(self, chain: Draft, sp: SamplingParams, keys: list) -> Draft:
