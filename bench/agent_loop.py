@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from mtpcli.blas import OPENBLAS  # noqa: E402  (no MLX: the parent process stays light)
+from mtpcli.blas import candidates  # noqa: E402  (no MLX: the parent process stays light)
 
 PREFIX_FILE, PREFIX_COMMIT = "src/mtpcli/writers.py", "85e8e22"  # the shared prefix: 1.6k tokens of Qwen2.5
 QUESTIONS = [
@@ -39,7 +39,7 @@ QUESTIONS = [
     "What does check_writable refuse, and why is it called before the work? Answer in one sentence.",
     "Which class would you change to add a CSV output format, and which method first? Answer in one sentence.",
 ]
-# the prefill cache's flags (from the prefill-cache branch once merged; until then both arms run alike, with a note)
+# the prefill cache's flags (on by default)
 CACHE_ON: list[str] = []
 CACHE_OFF: list[str] = ["--no-prefill-cache"]
 ARMS = [  # (name, kind, flags); "{draft}" is --draft-model's path
@@ -53,9 +53,9 @@ REFERENCE = "mtpcli --draft none, cache off"  # whose answers go into the transc
 
 
 def openblas_env() -> dict[str, str]:
-    """mlx-lm with the BLAS mtpcli re-runs itself with (blas.fast) on Linux."""
-    lib = next((p for p in OPENBLAS if os.path.exists(p)), None)
-    if lib is None or not sys.platform.startswith("linux") or os.environ.get("MTPCLI_BLAS") == "reference":
+    """mlx-lm with the BLAS mtpcli loads (blas.load: the first of blas.candidates) on Linux."""
+    lib = next((p for _, p in candidates()), None)
+    if lib is None:
         return {}
     return {"LD_PRELOAD": ":".join(filter(None, [lib, os.environ.get("LD_PRELOAD")]))}
 
