@@ -20,11 +20,12 @@ import numpy as np
 from . import verify
 from .cache import LM
 from .controller import FixedWidth, Plan
-from .drafters import NoDraft, empty
+from .drafters import Lookup, NoDraft, empty
 from .sampling import SamplingParams
 from .stats import RunStats
 
 PLAIN = Plan(None, 0)
+FORCED = "forced"  # the source of the tokens a constraint forces (constrain.Guide.forced)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Request:
     max_tokens: int
     seed: int
     completion: int = 0  # the c-th completion of its prompt and seed (-n): its keys are the (c+1)-th split
+    grammar: str | None = None  # the constraint its output matches (constrain.py), None: none
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Event:
     request: int
     tokens: list[int]  # newly committed tokens (EOS excluded)
     finish_reason: str | None = None  # "stop" | "length" when the request ends
+    incomplete: bool = False  # it ended before its constraint's value was complete (length reached mid-value)
 
 
 @dataclass
@@ -158,8 +161,11 @@ def confidence(logits: mx.array) -> mx.array:
 
 class Engine:
     def __init__(self, model, drafter=None, policy=None, eos_token_ids=(), config=DecodeConfig(),
-                 batch_size: int = 1, peer=None):
+                 batch_size: int = 1, peer=None, guide=None):
         self.drafter = drafter or NoDraft()
+        self.guide = guide  # constrain.Guide: the rows' constraints (None: no row has one)
+        for d in [self.drafter, *getattr(self.drafter, "sources", {}).values()]:
+            d.guide = guide  # (a sampled draft is proposed under the constraint along its own path)
         self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden,
                          taps=self.drafter.taps)
         if self.drafter.speculates:
@@ -184,9 +190,10 @@ class Engine:
         t_start = time.perf_counter()
         queue = deque(requests)
         n = min(self.batch_size, len(queue))
-        for part in (self.target, self.drafter):
-            part.keep_rows([])
-            part.add_rows(n)
+        for part in (self.target, self.drafter, self.guide):
+            if part is not None:
+                part.keep_rows([])
+                part.add_rows(n)
         self.policy.start(n, self.cfg.law)
         self.rows = [self._start(b, queue) for b in range(n)]
         flight = None
@@ -214,15 +221,24 @@ class Engine:
         keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
         caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
-        draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) else \
-            empty(caps)
+        forced = self.guide.forced(caps) if self.guide and self.drafter.speculates and max(caps) else []
+        if forced and all(f or not c for f, c in zip(forced, caps)):  # free drafts, taken before any source's
+            draft, plan = Lookup.chain([(f, [1.0] * len(f)) for f in forced]), Plan(FORCED, plan.width)
+        else:
+            draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) \
+                else empty(caps)
         draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
+        masks = self.guide.masks(draft) if self.guide else None
+        if masks is not None and draft.tree is None and draft.q is None:  # a forbidden deterministic draft: p = 0
+            draft.lengths = [min(n, a) for n, a in zip(draft.lengths, masks[1])]  # (rejected surely: cut before)
         if draft.k:
             self.target.checkpoint()  # recurrent layers: the state to roll back to
         f.before, f.width = self.target.pos.copy(), draft.k
         last = self._last(rows, after)[:, None]
         logits = self.target.forward(mx.concatenate([last, draft.tokens], axis=1) if draft.k else last,
                                      tree=draft.tree)
+        if masks is not None:  # the law samples the restricted p: masked before the sampler's filters
+            logits = mx.where(masks[0], logits, -mx.inf)
         # plain decoding launches every step ahead: judged in full where such a step could not be undone
         full = not self.drafter.speculates and (self.target.one_row or not self.peer.redo)
         law_keys = [k[1] for k in keys]
@@ -240,11 +256,14 @@ class Engine:
             judged, f.redone = cfg.judge(logits, draft, law_keys, True), True
         n_acc, tok = self.peer.verdict(judged, draft.k)  # THE host sync (rank 0's verdict on every rank)
         news, chain, kept, at = self._keep(rows, draft, judged, n_acc, tok, f.before)  # roll back the rejected
-        for ctx, new in zip(contexts, news):
+        for b, (ctx, new) in enumerate(zip(contexts, news)):
             ctx.extend(new)
+            if self.guide is not None:
+                self.guide.commit(b, new)
         seconds = self.clock.charge(f)
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
             self.drafter.commit(contexts, kept, self.target.hidden)
+        if self.drafter.speculates and plan.source != FORCED:  # (forced drafts tell a policy nothing of its sources)
             self.policy.update(chain, kept, seconds=seconds if f.timed else None,
                                source=plan.source if max(caps) else None, requested=draft.requested,
                                chances=draft.chances, tree=draft.tree is not None)
@@ -296,6 +315,8 @@ class Engine:
         under a policy when it plans one (one row, no hidden states to hand a drafter, a target that can undo)."""
         if f is None or f.width or not any(r.generated + 1 < r.req.max_tokens for r in self.rows):
             return None
+        if self.guide is not None and self.guide.active:  # the next step's mask needs this step's token
+            return None
         if not self.drafter.speculates:
             return PLAIN
         if not self.peer.lookahead or len(self.rows) != 1 or self.drafter.needs_hidden or self.target.one_row:
@@ -337,6 +358,8 @@ class Engine:
         again = bool(queue) and queue[0].prompt == req.prompt  # -n: the next request prefills nothing
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
         self.drafter.start(b, req.prompt, hidden, keep=again)
+        if self.guide is not None:
+            self.guide.start(b, req.grammar)
         self.policy.reset(b)
         shared = self.target.reused
         run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt),
@@ -358,8 +381,9 @@ class Engine:
                 if row.done:  # (a policy learns what the row's pending drafts came to, as at a refill)
                     self.policy.reset(b)
             self.rows = [self.rows[b] for b in live]
-            for part in (self.target, self.drafter):
-                part.keep_rows(live)
+            for part in (self.target, self.drafter, self.guide):
+                if part is not None:
+                    part.keep_rows(live)
             self.policy.keep(live)
 
     def _record(self, r: Row, source: str | None, k: int, requested: int, n: int, new: list[int], seconds: float,
@@ -369,6 +393,7 @@ class Engine:
         run = r.run
         run.floor_cut += k < requested
         run.record_cycle(k, min(n, len(counted)), len(counted), source, seconds)
+        run.forced_tokens += min(n, len(counted)) if source == FORCED else 0
         if typical:
             run.record_typical(min(n + 1, k), n, n < k, *typical)
         if run.ttft_s is None:
@@ -379,4 +404,5 @@ class Engine:
             run.peak_memory_bytes = mx.get_peak_memory()
             # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
             run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
-        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None)
+        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None,
+                    r.done and self.guide is not None and not self.guide.complete(b))

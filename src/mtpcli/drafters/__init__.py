@@ -50,7 +50,7 @@ def passes(conf: float, greedy: bool) -> float:
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
                 p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None,
-                dists: bool = False) -> Draft:
+                dists: bool = False, guide=None) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own keys,
     so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely token
@@ -59,15 +59,18 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     (a plain step would give each a token), the token just drawn is kept while that is at least `keep` (its
     verification's cost), and another step is taken only while it is at least `go_on` (a step's cost). The rows
     still drafting stop together (the batch's next step and its verify width are paid for all of them). All of it
-    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted."""
+    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted.
+    Under a constraint (`guide`, constrain.Guide), each step's logits are masked by the matcher after the row's
+    drafts so far: q is restricted along the draft's own path."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []
     chance = [1.0] * B
     raw: list[list[float]] = [[] for _ in range(B)]
     t = None
+    along = guide.along(B) if guide is not None and guide.active else None
     for j in range(k):
-        logits = step(t)
+        logits = step(t) if along is None else along(t, step(t))
         if sp.greedy:
             t = mx.argmax(logits, axis=-1).astype(mx.int32)
             conf = mx.softmax(logits.astype(mx.float32), axis=-1)
@@ -94,6 +97,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
         mx.async_eval(t)
         if max(lengths) <= j + 1:
             break  # no row goes on: no further step
+    if along is not None:
+        along.close()
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
@@ -113,6 +118,7 @@ class Drafter:
     trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
     nodes, children = 0, 1  # (nodes 0: chains)
     cost = None  # tree = auto: a pass of n tokens costs cost(n) seconds; a tree is drafted where it pays (tree.pays)
+    guide = None  # the rows' constraints (constrain.Guide), set by the engine: a sampled draft is proposed under them
 
     def add_rows(self, n: int) -> None:
         """The batch grows by n rows."""
