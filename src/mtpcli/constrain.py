@@ -89,7 +89,7 @@ def tokenizer(tok, eos: list[int], vocab: int):
 
     class Tokens:
         eos_token_id, bos_token_id, special_token_ids = list(eos)[0], None, sorted(special)
-        tokens = [b"" if i in special else hf.decode([i]).encode() for i in range(vocab)]
+        tokens = [(b"\xff" if i in special else b"") + hf.decode([i]).encode() for i in range(vocab)]  # (\xff: special)
 
         def __call__(self, s):
             return hf.encode(s.decode() if isinstance(s, bytes) else s, add_special_tokens=False)
@@ -125,9 +125,12 @@ class Guide:
             raise UsageError(f"the constraint: {self.rows[row].get_error()}")
 
     def _allowed(self, m) -> np.ndarray:
-        """(V,) bool: the tokens the matcher allows next (all, where it allows none: a position never reached)."""
+        """(V,) bool: the tokens the matcher allows next; where it allows none (a tokenizer that cannot write the
+        value), the model's EOS: the row ends, told incomplete."""
         bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), np.uint8), bitorder="little")[: self.vocab]
-        return bits.astype(bool) if bits.any() else np.ones(self.vocab, bool)
+        if not bits.any():
+            bits[[e for e in self.eos if e < self.vocab] or slice(None)] = 1
+        return bits.astype(bool)
 
     def _after(self, m, path: list[int]) -> np.ndarray | None:
         """The allowed tokens after `path` (the matcher rolled back after), None where the path is not allowed."""

@@ -177,6 +177,7 @@ class Engine:
         self.batch_size = max(1, min(limits))
         self.runs: dict[int, RunStats] = {}  # request index -> its statistics
         self.cycles, self.wall_s = 0, 0.0
+        self.incomplete = 0  # requests that ended before their constraint's value was complete
         self.rows: list[Row] = []
         self.clock = Clock()
         self._key = KeyChains()
@@ -404,5 +405,6 @@ class Engine:
             run.peak_memory_bytes = mx.get_peak_memory()
             # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
             run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
-        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None,
-                    r.done and self.guide is not None and not self.guide.complete(b))
+        incomplete = r.done and self.guide is not None and not self.guide.complete(b)
+        self.incomplete += incomplete
+        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None, incomplete)
