@@ -66,16 +66,17 @@ def draws(eng, ids, g, n=N):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sp", CASES, ids=str)
-@pytest.mark.parametrize("source", ["model", "ngram", "tree"])
+@pytest.mark.parametrize("source", ["model", "ngram", "tree", "ngram-tree"])
 def test_speculation_under_a_constraint_samples_the_restricted_target(tiny, sp, source):
     target, draft = tiny
     ids, g = list(target.tokenizer.encode(PROMPT)), grammar()
     p1, p2 = marginals(restricted_law(target, g, ids, sp), ids)
     assert (p1 > 0).sum() > 2 and (p2 > 0).sum() > 2  # several tokens allowed at each position
-    drafter = NgramDrafter(1, 3) if source == "ngram" else ModelDrafter(draft.model)
-    eng = engine(target, drafter, 3, batch_size=250, nodes=6 if source == "tree" else 0, sampling=sp)
+    drafter = NgramDrafter(1, 3) if source.startswith("ngram") else ModelDrafter(draft.model)
+    eng = engine(target, drafter, 3, batch_size=250, nodes=6 if source.endswith("tree") else 0, sampling=sp)
     first, second = draws(eng, ids, g)
     assert eng.stats.drafted > 0 and eng.stats.accepted < eng.stats.drafted  # it speculated, and rejected some
+    assert bool(eng.stats.trees) == source.endswith("tree")
     assert fits(first, p1) and fits(second, p2)
     plain = probs(target.model(mx.array([ids]))[0, -1], sp, full=True)  # the unconstrained target is told apart
     assert not fits(first, np.array(plain))
@@ -122,6 +123,23 @@ def test_forced_tokens_are_drafted_free_and_counted_apart(tiny):
     assert text[:2] == "::" and len(text) == 4 and eng.stats.source_trace[0] == "forced"
     assert eng.stats.forced_tokens == 2 and eng.stats.sources["forced"].accepted == 2
     assert eng.stats.to_dict()["forced_tokens"] == 2
+
+
+def test_a_batch_mixes_forced_drafted_and_unconstrained_rows_and_keeps_greedy_identity(tiny):
+    """A matcher per row: in one cycle a row drafts its forced tokens while another's draft model drafts, and a row
+    without a constraint decodes as it would without one."""
+    target, draft = tiny
+    ids = list(target.tokenizer.encode(PROMPT))
+    gs = [grammar('start: "::" /[a-f]{2}/ "::" /[0-9]/'), grammar(), None]
+    reqs = lambda: [Request(i, ids, 12, 0, 0, g) for i, g in enumerate(gs)]  # noqa: E731
+    plain = run(engine(target, NoDraft(), 0), reqs())
+    eng = engine(target, ModelDrafter(draft.model), 3, batch_size=3)
+    assert run(eng, reqs()) == plain
+    texts = [target.tokenizer.decode(o) for o in plain]
+    assert texts[0][:2] == texts[0][4:6] == "::" and texts[1][2:4] == "::" and len(texts[2]) == 12
+    rows = [eng.runs[i] for i in range(3)]
+    assert rows[0].forced_tokens >= 2 and rows[0].source_trace[0] == "forced"
+    assert rows[1].source_trace[0] == "model" and rows[2].forced_tokens == 0
 
 
 def test_the_eos_waits_for_a_complete_value_and_a_cut_value_is_told(tiny):

@@ -20,12 +20,13 @@ import numpy as np
 from . import verify
 from .cache import LM
 from .controller import FixedWidth, Plan
-from .drafters import Lookup, NoDraft, empty
+from .drafters import NoDraft, empty, with_forced
 from .sampling import SamplingParams
 from .stats import RunStats
 
 PLAIN = Plan(None, 0)
 FORCED = "forced"  # the source of the tokens a constraint forces (constrain.Guide.forced)
+FORCED_MAX = 16  # the most forced tokens a row drafts in a cycle (each is sure to pass)
 
 
 @dataclass(frozen=True)
@@ -222,12 +223,14 @@ class Engine:
         keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
         caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
-        forced = self.guide.forced(caps) if self.guide and self.drafter.speculates and max(caps) else []
-        if forced and all(f or not c for f, c in zip(forced, caps)):  # free drafts, taken before any source's
-            draft, plan = Lookup.chain([(f, [1.0] * len(f)) for f in forced]), Plan(FORCED, plan.width)
-        else:
-            draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) \
-                else empty(caps)
+        # a row's forced tokens are free drafts, taken before (and whatever the width of) the plan's
+        forced = self.guide.forced([max(0, min(FORCED_MAX, r.req.max_tokens - r.generated - 1)) for r in rows]) \
+            if self.guide is not None and self.guide.active and self.drafter.speculates else [[] for _ in rows]
+        caps = [0 if x else c for x, c in zip(forced, caps)]
+        draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) else \
+            empty(caps)
+        if any(forced):
+            draft = with_forced(draft, forced)
         draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
         masks = self.guide.masks(draft) if self.guide else None
         if masks is not None and draft.tree is None and draft.q is None:  # a forbidden deterministic draft: p = 0
@@ -262,20 +265,24 @@ class Engine:
             if self.guide is not None:
                 self.guide.commit(b, new)
         seconds = self.clock.charge(f)
+        if any(forced) and max(caps):  # a source drafted for the other rows: the forced rows drafted nothing of its
+            chain, kept = [0 if x else n for x, n in zip(forced, chain)], [0 if x else n for x, n in zip(forced, kept)]
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
             self.drafter.commit(contexts, kept, self.target.hidden)
-        if self.drafter.speculates and plan.source != FORCED:  # (forced drafts tell a policy nothing of its sources)
+        if self.drafter.speculates and (max(caps) or not any(forced)):  # (forced drafts tell a policy nothing)
             self.policy.update(chain, kept, seconds=seconds if f.timed else None,
-                               source=plan.source if max(caps) else None, requested=draft.requested,
-                               chances=draft.chances, tree=draft.tree is not None)
+                               source=plan.source if max(caps) else None,
+                               requested=[0 if x else n for x, n in zip(forced, draft.requested)],
+                               chances=draft.chances and [[] if x else c for x, c in zip(forced, draft.chances)],
+                               tree=draft.tree is not None)
             if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
                 self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
         self.cycles += 1
         sums = [x.tolist() for x in judged.sums]
         for b, r in enumerate(rows):
             if not r.done:  # a row that finished while this step was in flight: its step is dropped
-                yield from self._record(r, source if draft.k else None, draft.lengths[b], draft.requested[b],
-                                        n_acc[b], news[b], seconds, [x[b] for x in sums], b)
+                yield from self._record(r, FORCED if forced[b] else source if draft.k else None, draft.lengths[b],
+                                        draft.requested[b], n_acc[b], news[b], seconds, [x[b] for x in sums], b)
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
     def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],

@@ -106,6 +106,33 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), chances)
 
 
+def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
+    """`draft` with each row that has forced tokens (where a constraint allows one token at a time) drafting those
+    instead: deterministic (a one-hot q where the draft has a q), as a chain (in a tree, the row's only line)."""
+    B, k = len(forced), max(draft.k, max(len(f) for f in forced))
+    old = draft.tokens.tolist() if draft.k else [[] for _ in forced]
+    rows = [f or t for f, t in zip(forced, old)]
+    tokens = mx.array([r + [0] * (k - len(r)) for r in rows], dtype=mx.int32).reshape(B, k)
+    on = [bool(f) for f in forced]
+    q = draft.q
+    if q is not None:
+        q = mx.pad(q, [(0, 0), (0, k - draft.k), (0, 0)]) if k > draft.k else q
+        q = mx.where(mx.array(on)[:, None, None], (mx.arange(q.shape[-1]) == tokens[..., None]).astype(q.dtype), q)
+    tree = None
+    if draft.tree is not None:
+        parents = np.full((B, k), -1)
+        parents[:, : draft.k] = draft.tree.parents
+        for b, f in enumerate(forced):
+            if f:
+                parents[b] = -1
+                parents[b, : len(f)] = np.arange(len(f))
+        tree = Shape.of(parents)
+    lengths = [len(f) or n for f, n in zip(forced, draft.lengths)]
+    requested = [len(f) or n for f, n in zip(forced, draft.requested)]
+    chances = None if draft.chances is None else [[1.0] * len(f) if f else c for f, c in zip(forced, draft.chances)]
+    return Draft(tokens, q, lengths, requested, chances, tree)
+
+
 class Drafter:
     """The protocol, with what a source declares about itself."""
 
