@@ -5,9 +5,11 @@ the tokens the matcher forbids are set to -inf BEFORE `sampling.shaped`, so temp
 the restricted distribution (the order llama.cpp and vLLM use). Every position of a cycle is masked by the matcher's
 state after the tokens before it on its own path: the draft's q along the draft (`Guide.along`), the target's p at
 draft position i after the first i drafts, a tree's node after its ancestors (`Guide.masks`). The matcher walks a
-draft and rolls back; it keeps only committed tokens (`Guide.commit`). Where a row's next tokens are forced (one token
-allowed, so restricted p = 1), they are drafted without a model (`Guide.forced`) and always accepted. The model's EOS
-is allowed only where the matcher accepts (the value is complete).
+draft and rolls back; it keeps only committed tokens (`Guide.commit`). Where the constraint forces a row's next bytes
+(a key, the punctuation between values), their tokens are drafted without a model (`Guide.forced`): a deterministic
+draft, accepted with the restricted p of each token, which is 1 where it is the one token allowed (a byte string may
+have other tokenizations). The model's EOS is allowed only where the matcher accepts (the value is complete). A JSON
+schema's answer is one line, spaced as json.dumps writes it (COMPACT).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import UsageError
+
+
+# JSON on one line, spaced as json.dumps writes it: a JSONL-safe answer, and the structure between values is forced
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _checked(grammar: str, where: str) -> str:
@@ -49,7 +55,7 @@ def schema(value, where: str) -> str:
             raise UsageError(f"{where}: the schema is not valid JSON ({getattr(e, 'msg', e)})") from None
     if not isinstance(value, (dict, bool)):
         raise UsageError(f"{where}: a JSON schema is an object (or true / false)")
-    return _checked(LLMatcher.grammar_from_json_schema(json.dumps(value)), where)
+    return _checked(LLMatcher.grammar_from_json_schema(json.dumps(value), overrides=COMPACT), where)
 
 
 def lark(path: str, where: str = "--grammar") -> str:
@@ -171,10 +177,15 @@ class Guide:
         return _Along(self)
 
     def forced(self, caps: list[int]) -> list[list[int]]:
-        """Per row, its next tokens while the constraint allows exactly one (up to caps[b])."""
+        """Per row, up to caps[b] tokens the constraint forces: the tokenization of the bytes it forces (a key, the
+        punctuation between values; llguidance's fast-forward tokens), else the tokens while it allows exactly one
+        (the EOS of a complete value)."""
         out = []
         for m, cap in zip(self.rows, caps):
-            run = []
+            run = m.compute_ff_tokens()[:cap] if m is not None and cap else []
+            if run:
+                out.append(run)
+                continue
             while m is not None and len(run) < cap and not m.is_stopped():
                 a = self._allowed(m)
                 if a.sum() != 1 or not m.consume_token(t := int(np.argmax(a))):
