@@ -142,6 +142,23 @@ def test_a_batch_mixes_forced_drafted_and_unconstrained_rows_and_keeps_greedy_id
     assert rows[1].source_trace[0] == "model" and rows[2].forced_tokens == 0
 
 
+@pytest.mark.parametrize("sp", [SamplingParams(), CASES[0]], ids=["greedy", "T=1"])
+def test_the_draft_model_proposes_under_the_constraint_along_its_own_path(tiny, monkeypatch, sp):
+    """No token the draft model drafts is forbidden at its position (its q restricted after its earlier drafts)."""
+    target, draft = tiny
+    ids = list(target.tokenizer.encode(PROMPT))
+    seen, real = [], constrain.Guide.masks
+
+    def watch(self, d):
+        out = real(self, d)
+        seen.append((out[1], list(d.lengths)) if out else None)
+        return out
+    monkeypatch.setattr(constrain.Guide, "masks", watch)
+    eng = engine(target, ModelDrafter(draft.model), 4, batch_size=4, sampling=sp)
+    run(eng, [Request(c, ids, 12, 0, c, grammar("start: /[a-f0-9]{10}/")) for c in range(8)])
+    assert eng.stats.drafted > 20 and all(allowed == lengths for allowed, lengths in seen)
+
+
 def test_the_eos_waits_for_a_complete_value_and_a_cut_value_is_told(tiny):
     target, _ = tiny
     ids = list(target.tokenizer.encode(PROMPT))

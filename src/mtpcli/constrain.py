@@ -139,12 +139,14 @@ class Guide:
         return bits.astype(bool)
 
     def _after(self, m, path: list[int]) -> np.ndarray | None:
-        """The allowed tokens after `path` (the matcher rolled back after), None where the path is not allowed."""
-        if m.validate_tokens(path) < len(path):
+        """The allowed tokens after `path` (the matcher rolled back after), None where the path is not allowed; all
+        after an EOS where the value was complete (the row ends there: what follows is never committed)."""
+        cut = next((i for i, t in enumerate(path) if t in self.eos), len(path))
+        if m.validate_tokens(path[:cut]) < cut:
             return None
-        m.consume_tokens(path)
-        out = self._allowed(m)
-        m.rollback(len(path))
+        m.consume_tokens(path[:cut])
+        out = self._allowed(m) if cut == len(path) else np.ones(self.vocab, bool) if m.is_accepting() else None
+        m.rollback(cut)
         return out
 
     def masks(self, draft) -> tuple[mx.array, list[int]] | None:
@@ -182,17 +184,19 @@ class Guide:
         (the EOS of a complete value)."""
         out = []
         for m, cap in zip(self.rows, caps):
-            run = m.compute_ff_tokens()[:cap] if m is not None and cap else []
+            run = [] if m is None or not cap else self.eos[:1] if m.is_stopped() else m.compute_ff_tokens()[:cap]
             if run:
                 out.append(run)
                 continue
             while m is not None and len(run) < cap and not m.is_stopped():
                 a = self._allowed(m)
-                if a.sum() != 1 or not m.consume_token(t := int(np.argmax(a))):
+                if a.sum() != 1:
                     break
-                run.append(t)
+                run.append(t := int(np.argmax(a)))
+                if t in self.eos or not m.consume_token(t):  # (the EOS ends the row: nothing follows it)
+                    break
             if run:
-                m.rollback(len(run))
+                m.rollback(len(run) - (run[-1] in self.eos))
             out.append(run)
         return out
 

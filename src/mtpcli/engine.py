@@ -232,7 +232,7 @@ class Engine:
         if any(forced):
             draft = with_forced(draft, forced)
         draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
-        masks = self.guide.masks(draft) if self.guide else None
+        masks = self.guide.masks(draft) if self.guide is not None else None
         if masks is not None and draft.tree is None and draft.q is None:  # a forbidden deterministic draft: p = 0
             draft.lengths = [min(n, a) for n, a in zip(draft.lengths, masks[1])]  # (rejected surely: cut before)
         if draft.k:
