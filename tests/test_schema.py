@@ -16,6 +16,7 @@ from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams, probs
+from mtpcli.stats import summary_rows
 from stattools import fits
 from helpers import N, marginals, resampled_from_p, run
 from tiny import make_target
@@ -123,6 +124,7 @@ def test_forced_tokens_are_drafted_free_and_counted_apart(tiny):
     assert text[:2] == "::" and len(text) == 4 and eng.stats.source_trace[0] == "forced"
     assert eng.stats.forced_tokens == 2 and eng.stats.sources["forced"].accepted == 2
     assert eng.stats.to_dict()["forced_tokens"] == 2
+    assert ("forced_tokens", "2 (40% of the generated tokens)") in summary_rows(eng.stats.to_dict())
 
 
 def test_a_batch_mixes_forced_drafted_and_unconstrained_rows_and_keeps_greedy_identity(tiny):

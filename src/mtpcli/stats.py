@@ -278,6 +278,9 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))
     if d.get("floor_cut_drafts"):
         rows.append(("floor_cut_drafts", str(d["floor_cut_drafts"])))
+    if d.get("forced_tokens"):  # (a constraint's)
+        rows.append(("forced_tokens", f"{d['forced_tokens']} ({d['forced_tokens'] / max(d['generated_tokens'], 1):.0%} "
+                                      "of the generated tokens)"))
     if d.get("trees"):
         t = d["trees"]
         rows.append(("trees", f"{t['cycles']} cycles ({t['chain_cycles']} chains), {t['nodes_per_cycle']:.1f} nodes "
