@@ -70,10 +70,7 @@ def lark(path: str, where: str = "--grammar") -> str:
 
 
 def of_config(cfg) -> str | None:
-    """The run's constraint (schema, json or grammar: at most one), checked before any model loads."""
-    given = [k for k in ("schema", "json", "grammar") if getattr(cfg, k)]
-    if len(given) > 1:
-        raise UsageError(f"--{given[0]} and --{given[1]} are two constraints: give one")
+    """The run's constraint (schema, json or grammar: config.resolve allows one), checked before any model loads."""
     if cfg.schema:
         return schema(cfg.schema, "--schema")
     if cfg.json:
