@@ -206,3 +206,13 @@ def test_a_value_cut_by_max_tokens_and_a_bad_row_schema_fail_alone(cli, tiny_pat
     err = r.stderr.decode()
     assert r.returncode != 0 and "max_tokens was reached before the value was complete" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_constraint_with_a_sharded_target_is_refused_in_one_line():
+    from mtpcli import config
+    from mtpcli.errors import UsageError
+
+    cfg = config.resolve(None, {"json": True, "draft": "none"}, env={})
+    config.settle(cfg, False)  # (one process: fine)
+    with pytest.raises(UsageError, match="not supported with --distributed"):
+        config.settle(cfg, False, sharded=True)
