@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 from . import history, models, prefix, runlog
 from .config import Config
+from .constrain import Guide
 from .controller import EmaController, FixedWidth
 from .drafters import Drafter, NoDraft
 from .drafters.auto import AutoDrafter
@@ -70,7 +71,10 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
         drafter = source(cfg.draft, cfg, target, draft, store)
         policy = EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init) if cfg.adaptive \
             else FixedWidth(cfg.num_draft_tokens)
-    eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size)
+    vocab = (target.config.get("text_config") or target.config).get("vocab_size")
+    guide = Guide(target.tokenizer, target.tokenizer.eos_token_ids, vocab) if vocab else None  # (built at its first use)
+    eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size,
+                 guide=guide)
     if cfg.tree != "off":
         use_trees(cfg, eng, drafter)
     if isinstance(policy, AutoPolicy):

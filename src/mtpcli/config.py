@@ -105,6 +105,10 @@ class Config:
     chat: Optional[bool] = key(None, "Apply the tokenizer's chat template (default: when it has one).")
     system: Optional[str] = key(None, "System message for the chat template.")
     format: str = key("text", "Output format: text, json or jsonl.", ("text", "json", "jsonl"))
+    schema: Optional[str] = key(None, "Constrain the answer to a JSON schema: a file, or the schema's JSON text "
+                                "(exact: the law samples the target restricted to what the schema allows).")
+    json: bool = key(False, "Constrain the answer to any JSON value (a schema of true).")
+    grammar: Optional[str] = key(None, "Constrain the answer to a grammar: a file in llguidance's Lark syntax.")
     prefill_step: int = key(128, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
                             ">= 1")
     prefill_cache: bool = key(True, "Keep each prompt's prefill (the target's and the draft model's) on disk "
@@ -323,6 +327,8 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
     if v["tree"] != "off" and v["typical_threshold"] > 0:
         raise UsageError("--spec-tree needs the exact law: it is not used with typical acceptance "
                          "(--typical-threshold)")
+    if sum(1 for k in ("schema", "json", "grammar") if v[k]) > 1:
+        raise UsageError("--schema, --json and --grammar are each a constraint: give one")
     if v["ngram_min"] > v["ngram_max"]:
         raise UsageError(f"ngram_min ({v['ngram_min']}) must not exceed ngram_max ({v['ngram_max']})")
     if v["draft"] in DRAFTED[1:] and not v["draft_model"]:
@@ -366,6 +372,8 @@ def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool
     if cfg.tree != "off" and (sharded or draft == "mtp"):
         raise UsageError("--spec-tree is not supported with " + (f"--distributed {cfg.distributed}" if sharded else
                                                                  "--draft mtp") + " yet (use --spec-tree off)")
+    if sharded and (cfg.schema or cfg.json or cfg.grammar):
+        raise UsageError(f"--schema, --json and --grammar are not supported with --distributed {cfg.distributed} yet")
     if (draft == "mtp" or head) and sharded:
         raise UsageError(("--draft mtp" if draft == "mtp" else f"a trained head (--draft-model {cfg.draft_model})") +
                          f" is not supported with --distributed {cfg.distributed} yet (use a draft model, ngram or none)")

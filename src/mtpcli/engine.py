@@ -20,11 +20,13 @@ import numpy as np
 from . import verify
 from .cache import LM
 from .controller import FixedWidth, Plan
-from .drafters import NoDraft, empty
+from .drafters import NoDraft, empty, with_forced
 from .sampling import SamplingParams
 from .stats import RunStats
 
 PLAIN = Plan(None, 0)
+FORCED = "forced"  # the source of the tokens a constraint forces (constrain.Guide.forced)
+FORCED_MAX = 16  # the most forced tokens a row drafts in a cycle (each is sure to pass)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Request:
     max_tokens: int
     seed: int
     completion: int = 0  # the c-th completion of its prompt and seed (-n): its keys are the (c+1)-th split
+    grammar: str | None = None  # the constraint its output matches (constrain.py), None: none
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Event:
     request: int
     tokens: list[int]  # newly committed tokens (EOS excluded)
     finish_reason: str | None = None  # "stop" | "length" when the request ends
+    incomplete: bool = False  # it ended before its constraint's value was complete (length reached mid-value)
 
 
 @dataclass
@@ -158,8 +162,11 @@ def confidence(logits: mx.array) -> mx.array:
 
 class Engine:
     def __init__(self, model, drafter=None, policy=None, eos_token_ids=(), config=DecodeConfig(),
-                 batch_size: int = 1, peer=None):
+                 batch_size: int = 1, peer=None, guide=None):
         self.drafter = drafter or NoDraft()
+        self.guide = guide  # constrain.Guide: the rows' constraints (None: no row has one)
+        for d in [self.drafter, *getattr(self.drafter, "sources", {}).values()]:
+            d.guide = guide  # (a sampled draft is proposed under the constraint along its own path)
         self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden,
                          taps=self.drafter.taps)
         if self.drafter.speculates:
@@ -171,6 +178,7 @@ class Engine:
         self.batch_size = max(1, min(limits))
         self.runs: dict[int, RunStats] = {}  # request index -> its statistics
         self.cycles, self.wall_s = 0, 0.0
+        self.incomplete = 0  # requests that ended before their constraint's value was complete
         self.rows: list[Row] = []
         self.clock = Clock()
         self._key = KeyChains()
@@ -184,9 +192,10 @@ class Engine:
         t_start = time.perf_counter()
         queue = deque(requests)
         n = min(self.batch_size, len(queue))
-        for part in (self.target, self.drafter):
-            part.keep_rows([])
-            part.add_rows(n)
+        for part in (self.target, self.drafter, self.guide):
+            if part is not None:
+                part.keep_rows([])
+                part.add_rows(n)
         self.policy.start(n, self.cfg.law)
         self.rows = [self._start(b, queue) for b in range(n)]
         flight = None
@@ -214,15 +223,26 @@ class Engine:
         keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
         caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
+        # a row's forced tokens are free drafts, taken before (and whatever the width of) the plan's
+        forced = self.guide.forced([max(0, min(FORCED_MAX, r.req.max_tokens - r.generated - 1)) for r in rows]) \
+            if self.guide is not None and self.guide.active and self.drafter.speculates else [[] for _ in rows]
+        caps = [0 if x else c for x, c in zip(forced, caps)]
         draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) else \
             empty(caps)
+        if any(forced):
+            draft = with_forced(draft, forced)
         draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
+        masks = self.guide.masks(draft) if self.guide is not None else None
+        if masks is not None and draft.tree is None and draft.q is None:  # a forbidden deterministic draft: p = 0
+            draft.lengths = [min(n, a) for n, a in zip(draft.lengths, masks[1])]  # (rejected surely: cut before)
         if draft.k:
             self.target.checkpoint()  # recurrent layers: the state to roll back to
         f.before, f.width = self.target.pos.copy(), draft.k
         last = self._last(rows, after)[:, None]
         logits = self.target.forward(mx.concatenate([last, draft.tokens], axis=1) if draft.k else last,
                                      tree=draft.tree)
+        if masks is not None:  # the law samples the restricted p: masked before the sampler's filters
+            logits = mx.where(masks[0], logits, -mx.inf)
         # plain decoding launches every step ahead: judged in full where such a step could not be undone
         full = not self.drafter.speculates and (self.target.one_row or not self.peer.redo)
         law_keys = [k[1] for k in keys]
@@ -240,14 +260,21 @@ class Engine:
             judged, f.redone = cfg.judge(logits, draft, law_keys, True), True
         n_acc, tok = self.peer.verdict(judged, draft.k)  # THE host sync (rank 0's verdict on every rank)
         news, chain, kept, at = self._keep(rows, draft, judged, n_acc, tok, f.before)  # roll back the rejected
-        for ctx, new in zip(contexts, news):
+        for b, (ctx, new) in enumerate(zip(contexts, news)):
             ctx.extend(new)
+            if self.guide is not None:
+                self.guide.commit(b, new)
         seconds = self.clock.charge(f)
+        if any(forced) and max(caps):  # a source drafted for the other rows: the forced rows drafted nothing of its
+            chain, kept = [0 if x else n for x, n in zip(forced, chain)], [0 if x else n for x, n in zip(forced, kept)]
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
             self.drafter.commit(contexts, kept, self.target.hidden)
+        if self.drafter.speculates and (max(caps) or not any(forced)):  # (forced drafts tell a policy nothing)
             self.policy.update(chain, kept, seconds=seconds if f.timed else None,
-                               source=plan.source if max(caps) else None, requested=draft.requested,
-                               chances=draft.chances, tree=draft.tree is not None)
+                               source=plan.source if max(caps) else None,
+                               requested=[0 if x else n for x, n in zip(forced, draft.requested)],
+                               chances=draft.chances and [[] if x else c for x, c in zip(forced, draft.chances)],
+                               tree=draft.tree is not None)
             if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
                 self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
         self.cycles += 1
@@ -258,9 +285,9 @@ class Engine:
                 r.run.draft_prefill_tokens += caught
                 r.run.draft_cached_tokens += draft.kept_up[b] if draft.kept_up else 0
                 r.run.draft_prefill_s += draft.catch_up_s if caught else 0.0
-                yield from self._record(r, source if draft.k else None, draft.lengths[b], draft.requested[b],
-                                        n_acc[b], news[b], max(seconds - (draft.catch_up_s if caught else 0.0), 0.0),
-                                        [x[b] for x in sums], b)
+                spent = max(seconds - (draft.catch_up_s if caught else 0.0), 0.0)
+                yield from self._record(r, FORCED if forced[b] else source if draft.k else None, draft.lengths[b],
+                                        draft.requested[b], n_acc[b], news[b], spent, [x[b] for x in sums], b)
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
     def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],
@@ -301,6 +328,8 @@ class Engine:
         """The plan of a plain step to launch while plain step `f` is in flight, or None: always without a drafter;
         under a policy when it plans one (one row, no hidden states to hand a drafter, a target that can undo)."""
         if f is None or f.width or not any(r.generated + 1 < r.req.max_tokens for r in self.rows):
+            return None
+        if self.guide is not None and self.guide.active:  # the next step's mask needs this step's token
             return None
         if not self.drafter.speculates:
             return PLAIN
@@ -344,6 +373,8 @@ class Engine:
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
         t1 = time.perf_counter()
         self.drafter.start(b, req.prompt, hidden, keep=again)
+        if self.guide is not None:
+            self.guide.start(b, req.grammar)
         self.policy.reset(b)
         shared, cached = self.target.reused, self.target.cached
         run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt) - cached,
@@ -367,8 +398,9 @@ class Engine:
                 if row.done:  # (a policy learns what the row's pending drafts came to, as at a refill)
                     self.policy.reset(b)
             self.rows = [self.rows[b] for b in live]
-            for part in (self.target, self.drafter):
-                part.keep_rows(live)
+            for part in (self.target, self.drafter, self.guide):
+                if part is not None:
+                    part.keep_rows(live)
             self.policy.keep(live)
 
     def _record(self, r: Row, source: str | None, k: int, requested: int, n: int, new: list[int], seconds: float,
@@ -378,6 +410,7 @@ class Engine:
         run = r.run
         run.floor_cut += k < requested
         run.record_cycle(k, min(n, len(counted)), len(counted), source, seconds)
+        run.forced_tokens += min(n, len(counted)) if source == FORCED else 0
         if typical:
             run.record_typical(min(n + 1, k), n, n < k, *typical)
         if run.ttft_s is None:
@@ -388,4 +421,6 @@ class Engine:
             run.peak_memory_bytes = mx.get_peak_memory()
             # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
             run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
-        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None)
+        incomplete = r.done and self.guide is not None and not self.guide.complete(b)
+        self.incomplete += incomplete
+        yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None, incomplete)

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import assemble, config, distributed, eagle, models, runlog
+from . import assemble, config, constrain, distributed, eagle, models, runlog
 from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
@@ -80,9 +80,11 @@ def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None,
     return list(tokenizer.encode(templated, add_special_tokens=False))
 
 
-def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer, limit: int | None):
+def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer, limit: int | None,
+                 grammar: str | None = None):
     """Encode every usable prompt; (completions, requests, notes). -n N makes N requests of one prompt and seed;
-    max_tokens is capped where the prompt and its answer would not fit in the context (a note per row). A prompt
+    max_tokens is capped where the prompt and its answer would not fit in the context (a note per row); `grammar`:
+    the run's constraint, unless a JSONL row has its own schema. A prompt
     far longer than the context in characters is refused on a prefix's count, before the whole is tokenized."""
     completions, requests, said = [], [], []
     if cfg.system and not chat_on(tokenizer, cfg.chat):
@@ -113,7 +115,7 @@ def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer
         for c in range(opts.n):
             completions.append(Completion(len(completions), it))
             if ids is not None:
-                requests.append(Request(completions[-1].index, ids, room, seed, c))
+                requests.append(Request(completions[-1].index, ids, room, seed, c, it.grammar or grammar))
     return completions, requests, said
 
 
@@ -142,6 +144,10 @@ def decode(group, engine, requests: list[Request], writer: Writer, store) -> int
     try:
         for ev in group.events(engine, requests):
             writer.event(ev.request, ev.tokens, ev.finish_reason)
+            if ev.incomplete:
+                where = f"{writer.rows[ev.request].item.source}: " if writer.source else ""
+                err(f"mtpcli: error: {where}max_tokens was reached before the value was complete: the answer does not "
+                    "match the constraint")
             if store is not None and ev.finish_reason:  # it drafts for the rest of the run, and is kept
                 store.add(prompts[ev.request], writer.rows[ev.request].tokens)
             if writer.closed:
@@ -173,6 +179,7 @@ def draft_head(cfg: config.Config, group) -> str | None:
 
 
 def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
+    grammar = constrain.of_config(cfg)  # a bad schema or grammar: one line before any model loads
     group = distributed.setup(cfg, several=len(items) * opts.n > 1)  # under mlx.launch: the group, else Solo
     if not group.root:  # only rank 0 writes the statistics file and the run log
         opts = replace(opts, stats_json=None, log=False)
@@ -184,7 +191,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
             models.load(cfg.model, "target model")
     load_s = time.perf_counter() - loading
     head = draft_head(cfg, group)
-    completions, requests, said = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config))
+    completions, requests, said = requests_for(cfg, items, opts, target.tokenizer, models.max_context(target.config),
+                                               grammar)
     for c in completions:
         if c.item.error:
             err(f"mtpcli: row {c.index}: {c.item.error}")
@@ -239,6 +247,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     if writer.closed:
         err(f"mtpcli: error: stdout: {writer.failed}; stopped after {total.generated_tokens} tokens" if writer.failed
             else f"mtpcli: stdout was closed; stopped after {total.generated_tokens} tokens")
+    if engine.incomplete and status == 0:  # (each said so on its own line)
+        status = EXIT_RUNTIME
     if failed and status == 0:
         err(f"mtpcli: {failed} of {len(items)} prompts failed (see their rows)")
         status = EXIT_RUNTIME

@@ -16,7 +16,7 @@ PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefi
           "Sampling": ("max_tokens", "temp", "top_p", "top_k", "min_p", "seed", "typical_threshold", "typical_eps"),
           "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "history", "history_max_mb",
                        "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),
-          "Output": ("format",), "Distributed": ("distributed", "distributed_timeout")}
+          "Output": ("format", "schema", "json", "grammar"), "Distributed": ("distributed", "distributed_timeout")}
 PANEL = {k: name for name, keys in PANELS.items() for k in keys}
 
 

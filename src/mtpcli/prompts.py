@@ -31,6 +31,7 @@ class Item:
     seed: int | None = None
     error: str | None = None
     id: Any = None  # a JSONL row's "id", passed through to its output row
+    grammar: str | None = None  # a JSONL row's "schema", compiled (constrain.schema)
 
     @property
     def name(self) -> str:
@@ -101,14 +102,22 @@ def _jsonl_row(index: int, source: str, line: str) -> Item:
         return Item(index, source, error=f"{source}: not valid JSON (nested too deeply)")
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
         return Item(index, source, error=f"{source}: needs a JSON object with a string \"prompt\"")
-    if unknown := sorted(set(row) - {"prompt", "max_tokens", "seed", "id"}):
+    if unknown := sorted(set(row) - {"prompt", "max_tokens", "seed", "id", "schema"}):
         return Item(index, source,
-                    error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed, id)")
+                    error=f"{source}: unknown key {unknown[0]!r} (allowed: prompt, max_tokens, seed, id, schema)")
     for key in ("max_tokens", "seed"):
         if key in row and (type(row[key]) is not int or not SCHEMA[key].check(row[key])):
             return Item(index, source, error=f"{source}: {key} must be an integer ({SCHEMA[key].allowed})")
+    grammar = None
+    if "schema" in row:
+        from .constrain import schema
+
+        try:
+            grammar = schema(row["schema"], f"{source}: schema")
+        except UsageError as e:
+            return Item(index, source, error=str(e))
     return Item(index, source, valid_text(row["prompt"], source), row.get("max_tokens"), row.get("seed"),
-                id=row.get("id"))
+                id=row.get("id"), grammar=grammar)
 
 
 def stdin(flag: str) -> BinaryIO:

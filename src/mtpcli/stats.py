@@ -120,6 +120,7 @@ class RunStats(_Drafts):
     source_trace: list[str] = field(default_factory=list)
     _typical_sums: dict[str, float] = field(default_factory=Counter)
     trees: Counter = field(default_factory=Counter)  # tree cycles: cycles, nodes verified, accepted depth, side paths
+    forced_tokens: int = 0  # tokens a constraint forced, drafted without a model (engine.FORCED)
 
     def record_cycle(self, drafted: int, accepted: int, committed: int, source: str | None = None,
                      seconds: float = 0.0) -> None:
@@ -147,7 +148,7 @@ class RunStats(_Drafts):
         for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
                      "draft_prefill_s", "draft_prefill_tokens", "prompt_cached_tokens", "draft_cached_tokens",
                      "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
-                     "source_trace", "trees"):
+                     "source_trace", "trees", "forced_tokens"):
             setattr(out, name, getattr(self, name) + getattr(other, name))  # numbers, Counters and traces
         out.prompt_tokens = sum(r.prompt_tokens for r in (self, other) if not r.shared_prompt)
         out.shared_prompt = self.shared_prompt and other.shared_prompt
@@ -201,7 +202,7 @@ class RunStats(_Drafts):
               "tokens_per_cycle_trace": self.tpc_trace,
               "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
               "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,
-              "source_trace": self.source_trace}
+              "source_trace": self.source_trace, "forced_tokens": self.forced_tokens}
         if self.typical is not None:
             d["typical_acceptance"] = self.typical_summary()
         if self.trees:
@@ -301,6 +302,9 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))
     if d.get("floor_cut_drafts"):
         rows.append(("floor_cut_drafts", str(d["floor_cut_drafts"])))
+    if d.get("forced_tokens"):  # (a constraint's)
+        rows.append(("forced_tokens", f"{d['forced_tokens']} ({d['forced_tokens'] / max(d['generated_tokens'], 1):.0%} "
+                                      "of the generated tokens)"))
     if d.get("trees"):
         t = d["trees"]
         rows.append(("trees", f"{t['cycles']} cycles ({t['chain_cycles']} chains), {t['nodes_per_cycle']:.1f} nodes "

@@ -53,7 +53,7 @@ def passes(conf: float, greedy: bool) -> float:
 
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
                 p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None,
-                dists: bool = False) -> Draft:
+                dists: bool = False, guide=None) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own keys,
     so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely token
@@ -62,15 +62,18 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     (a plain step would give each a token), the token just drawn is kept while that is at least `keep` (its
     verification's cost), and another step is taken only while it is at least `go_on` (a step's cost). The rows
     still drafting stop together (the batch's next step and its verify width are paid for all of them). All of it
-    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted."""
+    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted.
+    Under a constraint (`guide`, constrain.Guide), each step's logits are masked by the matcher after the row's
+    drafts so far: q is restricted along the draft's own path."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
     lengths, tokens, qs = list(caps), [], []
     chance = [1.0] * B
     raw: list[list[float]] = [[] for _ in range(B)]
     t = None
+    along = guide.along(B) if guide is not None and guide.active else None
     for j in range(k):
-        logits = step(t)
+        logits = step(t) if along is None else along(t, step(t))
         if sp.greedy:
             t = mx.argmax(logits, axis=-1).astype(mx.int32)
             conf = mx.softmax(logits.astype(mx.float32), axis=-1)
@@ -97,11 +100,40 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
         mx.async_eval(t)
         if max(lengths) <= j + 1:
             break  # no row goes on: no further step
+    if along is not None:
+        along.close()
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
     chances = [r[:n] for r, n in zip(raw, lengths)] if raw[0] else None
     return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), chances)
+
+
+def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
+    """`draft` with each row that has forced tokens (where a constraint allows one token at a time) drafting those
+    instead: deterministic (a one-hot q where the draft has a q), as a chain (in a tree, the row's only line)."""
+    B, k = len(forced), max(draft.k, max(len(f) for f in forced))
+    old = draft.tokens.tolist() if draft.k else [[] for _ in forced]
+    rows = [f or t for f, t in zip(forced, old)]
+    tokens = mx.array([r + [0] * (k - len(r)) for r in rows], dtype=mx.int32).reshape(B, k)
+    on = [bool(f) for f in forced]
+    q = draft.q
+    if q is not None:
+        q = mx.pad(q, [(0, 0), (0, k - draft.k), (0, 0)]) if k > draft.k else q
+        q = mx.where(mx.array(on)[:, None, None], (mx.arange(q.shape[-1]) == tokens[..., None]).astype(q.dtype), q)
+    tree = None
+    if draft.tree is not None:
+        parents = np.full((B, k), -1)
+        parents[:, : draft.k] = draft.tree.parents
+        for b, f in enumerate(forced):
+            if f:
+                parents[b] = -1
+                parents[b, : len(f)] = np.arange(len(f))
+        tree = Shape.of(parents)
+    lengths = [len(f) or n for f, n in zip(forced, draft.lengths)]
+    requested = [len(f) or n for f, n in zip(forced, draft.requested)]
+    chances = None if draft.chances is None else [[1.0] * len(f) if f else c for f, c in zip(forced, draft.chances)]
+    return Draft(tokens, q, lengths, requested, chances, tree)
 
 
 class Drafter:
@@ -117,6 +149,7 @@ class Drafter:
     trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
     nodes, children = 0, 1  # (nodes 0: chains)
     cost = None  # tree = auto: a pass of n tokens costs cost(n) seconds; a tree is drafted where it pays (tree.pays)
+    guide = None  # the rows' constraints (constrain.Guide), set by the engine: a sampled draft is proposed under them
 
     def add_rows(self, n: int) -> None:
         """The batch grows by n rows."""
