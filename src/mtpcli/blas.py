@@ -13,6 +13,7 @@ import sysconfig
 OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
             "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0")
 COMMANDS = {"generate", "bench", "chat"}  # the commands that multiply matrices
+loaded: str | None = None  # the library `load` loaded (None: MLX's own), which the kept prefills' key names
 
 
 def wheel_libs() -> list[str]:
@@ -43,9 +44,11 @@ def load(argv: list[str]) -> str | None:
         return None
     import ctypes  # (not for the commands that need no BLAS)
 
+    global loaded
     for route, path in candidates():
         try:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            loaded = path
             return route
         except OSError:  # a broken or foreign library: the next route
             continue

@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from . import blas
 from .errors import UsageError
 from .runlog import warn
 
@@ -54,11 +55,11 @@ def model_key(path: Path, model, role: str, details: str) -> str:
         tokenizer.update(p.name.encode() + b"\0" + p.read_bytes())
     config = path / "config.json"
     dtypes = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters())})
-    blas = "openblas" if "openblas" in os.environ.get("LD_PRELOAD", "") else "default"
+    library = os.path.basename(blas.loaded or "reference")  # (another BLAS sums in another order)
     return "\n".join([f"format {FORMAT}", f"role {role}", f"model {path}", *weights,
                       f"config {_digest(config.read_bytes()) if config.is_file() else '-'}", f"dtypes {dtypes}",
                       f"tokenizer {tokenizer.hexdigest()[:16]}", details,
-                      f"mlx {mx.__version__} {mx.default_device()} {blas}"])
+                      f"mlx {mx.__version__} {mx.default_device()} {library}"])
 
 
 class Bad(Exception):
