@@ -60,21 +60,26 @@ def openblas_env() -> dict[str, str]:
     return {"LD_PRELOAD": ":".join(filter(None, [lib, os.environ.get("LD_PRELOAD")]))}
 
 
-def prefix_text(smoke: bool) -> str:
+def prefix_text(smoke: bool, files: list[str]) -> str:
+    """The shared prefix: FILES of this repository at PREFIX_COMMIT, each in a fence."""
     if smoke:
         return "the file says: " + "abc def ghi. " * 12
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "show", f"{PREFIX_COMMIT}:{PREFIX_FILE}"], check=True,
-                              capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return (ROOT / PREFIX_FILE).read_text()
+    texts = []
+    for name in files:
+        try:
+            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{PREFIX_COMMIT}:{name}"], check=True,
+                                  capture_output=True, text=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            text = (ROOT / name).read_text()
+        texts.append(f"Here is {name}:\n\n```python\n{text}```\n\n")
+    return "".join(texts)
 
 
 def transcript(prefix: str, done: list[tuple[str, str]], question: str, smoke: bool) -> str:
     if smoke:
         return prefix + "".join(f" q: {q} a: {a}" for q, a in done) + f" q: {question} a:"
     turns = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in done)
-    return f"Here is {PREFIX_FILE}:\n\n```python\n{prefix}```\n\n{turns}Question: {question}\nAnswer:"
+    return f"{prefix}{turns}Question: {question}\nAnswer:"
 
 
 def has_cache_flags() -> bool:
@@ -120,7 +125,9 @@ def one(arm: tuple, prompt: str, args, home: Path, scratch: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", help="the target's folder (absolute: `mtpcli models list`)")
-    ap.add_argument("--draft-model", help="the draft model's folder (absolute)")
+    ap.add_argument("--draft-model", help="the draft model's folder (absolute; without it, no draft-model arm)")
+    ap.add_argument("--prefix", default=PREFIX_FILE, help="the shared prefix: files of this repository at "
+                    f"{PREFIX_COMMIT}, comma-separated (default {PREFIX_FILE}: 1.6k Qwen2.5 tokens)")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", help="write the result here (JSON)")
@@ -135,14 +142,18 @@ def main() -> None:
             target = make_model(tmp / "target", max_positions=4096)
             args.model, args.draft_model = str(target), str(noisy_copy(target, tmp / "draft"))
             args.turns, args.max_tokens = min(args.turns, 2), 8
-        if not (args.model and args.draft_model):
-            ap.error("--model and --draft-model are needed (or --smoke)")
-        args.model, args.draft_model = (str(Path(p).resolve()) for p in (args.model, args.draft_model))
+        if not args.model:
+            ap.error("--model is needed (or --smoke)")
+        args.model = str(Path(args.model).resolve())
+        if args.draft_model:
+            args.draft_model = str(Path(args.draft_model).resolve())
+        else:
+            ARMS[:] = [a for a in ARMS if "{draft}" not in a[2]]
         if not has_cache_flags():
             print(f"agent_loop: note: this mtpcli has no {' '.join(CACHE_OFF)}: the cache arms run alike",
                   file=sys.stderr)
             ARMS[:] = [(n, k, [f for f in fl if f not in CACHE_OFF + CACHE_ON]) for n, k, fl in ARMS]
-        prefix, done, turns = prefix_text(args.smoke), [], []
+        prefix, done, turns = prefix_text(args.smoke, args.prefix.split(",")), [], []
         for t in range(args.turns):
             prompt = transcript(prefix, done, QUESTIONS[t % len(QUESTIONS)], args.smoke)
             got = {}
@@ -157,7 +168,7 @@ def main() -> None:
             shutil.rmtree(tmp / f"arm{i}", ignore_errors=True)
     loop = {name: sum(t["arms"][name]["wall_s"] for t in turns) for name, _, _ in ARMS}
     doc = {"config": {"model": args.model, "draft_model": args.draft_model, "turns": args.turns,
-                      "max_tokens": args.max_tokens, "prefix": f"{PREFIX_COMMIT}:{PREFIX_FILE}", "smoke": args.smoke,
+                      "max_tokens": args.max_tokens, "prefix": f"{PREFIX_COMMIT}:{args.prefix}", "smoke": args.smoke,
                       "command": sys.argv},
            "arms": [{"name": n, "kind": k, "flags": fl} for n, k, fl in ARMS], "turns": turns, "loop": loop}
     if args.out:
