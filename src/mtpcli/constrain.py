@@ -119,12 +119,15 @@ class Guide:
         self.rows = [self.rows[r] for r in rows]
 
     def start(self, row: int, grammar: str | None) -> None:
+        self.rows[row] = None
+        if grammar is None:  # (an unconstrained run never imports the matcher)
+            return
         from llguidance import LLMatcher
 
-        if grammar is not None and self.tok is None:
+        if self.tok is None:
             self.tok = tokenizer(self.source, self.eos, self.vocab)
-        self.rows[row] = None if grammar is None else LLMatcher(self.tok, grammar, log_level=0)
-        if self.rows[row] is not None and self.rows[row].is_error():
+        self.rows[row] = LLMatcher(self.tok, grammar, log_level=0)
+        if self.rows[row].is_error():
             raise UsageError(f"the constraint: {self.rows[row].get_error()}")
 
     def _allowed(self, m) -> np.ndarray:
