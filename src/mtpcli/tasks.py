@@ -196,19 +196,21 @@ def mcnemar(gained: int, lost: int) -> float:
 
 def paired(first: dict, other: dict) -> dict[str, Any]:
     """`other` against `first`, both {(problem, seed): passed}: the pairs that flipped each way, and the p-value."""
-    gained = sum(other[key] and not first[key] for key in first)
-    lost = sum(first[key] and not other[key] for key in first)
+    keys = first.keys() & other.keys()  # (all of them, unless a bench was interrupted)
+    gained = sum(other[key] and not first[key] for key in keys)
+    lost = sum(first[key] and not other[key] for key in keys)
     p = mcnemar(gained, lost)
     return {"gained": gained, "lost": lost, "p_value": p, "inside_noise": p >= 0.05}
 
 
-def score(problems: list[Problem], arms: list[tuple[str, float, list[dict]]], chat: bool, limits: Limits = Limits(),
+def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[dict]]], chat: bool, limits: Limits = Limits(),
           progress=None) -> dict[str, Any]:
     """Check every arm's outputs (each gets `passed` and `check`) and score the arms.
 
     Args:
         arms: (name, temp, outputs), the first the reference; an output is bench's {"seed", "prompt", "text", ...},
-            its prompt a problem's id, and every arm has one for each problem and seed.
+            its prompt a problem's id; arms are compared on the problems and seeds both ran (all of them, unless
+            the bench was interrupted).
     """
     by_id = {p.id: p for p in problems}
     outputs = [o for _, _, outs in arms for o in outs]
@@ -218,21 +220,22 @@ def score(problems: list[Problem], arms: list[tuple[str, float, list[dict]]], ch
         results = pool.map(lambda o: check(program(by_id[o["prompt"]], o["text"], chat), limits), outputs)
         for o, result in zip(outputs, results):
             o["check"], o["passed"] = result, result == "passed"
-    passed = {name: {(o["prompt"], o["seed"]): o["passed"] for o in outs} for name, _, outs in arms}
-    texts = {name: {(o["prompt"], o["seed"]): o["text"] for o in outs} for name, _, outs in arms}
+    passed = {arm: {(o["prompt"], o["seed"]): o["passed"] for o in outs} for arm, _, outs in arms}
+    texts = {arm: {(o["prompt"], o["seed"]): o["text"] for o in outs} for arm, _, outs in arms}
     first = arms[0][0]
     scored = {}
-    for name, _, outs in arms:
-        k, n = sum(passed[name].values()), len(outs)
-        scored[name] = {"passed": k, "runs": n, "pass_at_1": k / n if n else None, "interval": wilson(k, n)}
-        if name != first:
-            same = sum(texts[name][key] == texts[first][key] for key in texts[first])
-            scored[name]["vs_first"] = {**paired(passed[first], passed[name]), "same_text": same}
-    greedy = [name for name, temp, _ in arms if temp == 0]
-    return {"name": "humaneval", "problems": len(problems), "format": FORMATS[chat], "limits": asdict(limits),
+    for arm, _, outs in arms:
+        k, n = sum(passed[arm].values()), len(outs)
+        scored[arm] = {"passed": k, "runs": n, "pass_at_1": k / n if n else None, "interval": wilson(k, n)}
+        if arm != first:
+            same = sum(texts[arm][key] == texts[first].get(key) for key in texts[arm])
+            scored[arm]["vs_first"] = {**paired(passed[first], passed[arm]), "same_text": same}
+    greedy = [arm for arm, temp, _ in arms if temp == 0]
+    return {"name": name, "problems": len(problems), "format": FORMATS[chat], "limits": asdict(limits),
             "interval": "Wilson 95%", "paired_test": "exact McNemar (two-sided) on the pairs of the same problem "
                                                       "and seed", "arms": scored, "greedy_arms": greedy,
-            "greedy_identical": all(texts[g] == texts[greedy[0]] for g in greedy) if len(greedy) > 1 else None}
+            "greedy_identical": all(texts[g][key] == texts[greedy[0]].get(key) for g in greedy for key in texts[g])
+            if len(greedy) > 1 else None}
 
 
 def render(result: dict[str, Any]) -> None:
