@@ -13,10 +13,10 @@ import mlx.core as mx
 from mlx_lm.generate import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from . import assemble, config, models, prompts, runlog
+from . import assemble, config, models, prompts, runlog, tasks
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UsageError
-from .generate import encode_prompt, typical_line
+from .generate import chat_on, encode_prompt, typical_line
 from .stats import RunStats, table
 
 
@@ -102,7 +102,9 @@ def summarize(arm: Arm) -> dict[str, Any]:
 
 def bench(*, model: str, draft_model: str | None, draft: str | None, profile_names: list[str], seeds: int,
           prompt_source: str | None, max_tokens: int, prompt_tokens: int | None, baselines: list[str],
-          flags: dict[str, Any], argv: list[str], log: bool = True, progress=None) -> dict[str, Any]:
+          flags: dict[str, Any], argv: list[str], log: bool = True, progress=None, task: str | None = None
+          ) -> dict[str, Any]:
+    problems = tasks.load(task) if task else None  # (--task: its problems are the prompts, every output checked)
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(model=model, draft_model=draft_model, draft=draft)
     arms = [Arm(name, config.resolve(name, overrides)) for name in profile_names]
@@ -129,8 +131,11 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     for arm in arms:
         arm.cfg = config.settle(arm.cfg, models.has_mtp(target), head=head)
     first = arms[0].cfg
-    encoded = [(it.name, fit_length(encode_prompt(target.tokenizer, it.text, first.chat, first.system),
-                                    prompt_tokens)) for it in prompts.bench_set(prompt_source)]
+    chat = chat_on(target.tokenizer, first.chat)
+    texts = ([(p.id, tasks.prompt_text(p, chat)) for p in problems] if task else
+             [(it.name, it.text) for it in prompts.bench_set(prompt_source)])
+    encoded = [(name, fit_length(encode_prompt(target.tokenizer, text, first.chat, first.system), prompt_tokens))
+               for name, text in texts]
     name, longest = max(encoded, key=lambda e: len(e[1]))
     if (limit := models.max_context(target.config)) and len(longest) + max_tokens > limit:  # as generate refuses it
         raise UsageError(f"prompt {name}: its {len(longest)} tokens" + " (--prompt-tokens)" * bool(prompt_tokens) +
@@ -163,6 +168,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
             raise
         stop = {"runs": done, "of": total, "terminated": e.args == (EXIT_TERMINATED,)}
     arms = [a for a in arms if a.runs]  # (interrupted: the first arm always has the most)
+    quality = tasks.score(task, problems, [(a.name, a.cfg.temp, a.outputs) for a in arms], chat,
+                          progress=progress) if task else None
     summaries = [summarize(a) for a in arms]
     base, whole = summaries[0]["decode_tps"]["median"], summaries[0]["e2e"]["run_s"]["median"]
     for s in summaries:  # speed over the first arm's: decode tok/s, and a whole run's seconds (theirs over ours)
@@ -171,12 +178,13 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     for arm in arms:  # to the run log (append_safely: not with log off)
         agg = RunStats.total([r for runs in arm.runs.values() for r in runs])
         law = {"law": "mlx-lm"} if arm.kind == "mlx-lm" else {}
-        rec = {**agg.to_dict(), "settings": {**arm.cfg.record(), **law, "bench_arm": arm.name}}
+        rec = {**agg.to_dict(), "settings": {**arm.cfg.record(), **law, "bench_arm": arm.name},
+               **({"task": {**quality["arms"][arm.name], "name": task, "format": quality["format"]}} if task else {})}
         status = 0 if stop is None else EXIT_TERMINATED if stop["terminated"] else EXIT_INTERRUPTED
         runlog.append_safely(command=argv, settings=rec["settings"], profile=arm.name, model=model,
                              draft=draft_model or arm.cfg.draft, prompt=encoded[0][1], stats=rec,
                              status=status, started=time.time(), log=log)
-    result = {"arms": summaries, "outputs": {a.name: a.outputs for a in arms},
+    result = {"arms": summaries, "outputs": {a.name: a.outputs for a in arms}, **({"task": quality} if task else {}),
               "config": {"model": model, "draft_model": draft_model, "seeds": seeds,
                          "prompts": [n for n, _ in encoded], "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
                          "flags": overrides}}
@@ -198,3 +206,5 @@ def render(result: dict[str, Any]) -> None:
     print()
     table(["arm", "load s", "prefill s", "draft prefill s", "TTFT s", "decode s", "run s (start to exit)",
            "e2e ratio"], rows, title="end to end, per run: median [min-max] over seeds")
+    if "task" in result:
+        tasks.render(result)

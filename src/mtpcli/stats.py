@@ -310,6 +310,9 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("trees", f"{t['cycles']} cycles ({t['chain_cycles']} chains), {t['nodes_per_cycle']:.1f} nodes "
                               f"verified per cycle, accepted depth {t['accepted_depth']:.2f}, "
                               f"{t['side_paths']} paths through a later child"))
+    if q := d.get("task"):  # a bench arm scored on a task (mtpcli bench --task)
+        rows.append(("task", f"{q['name']}: pass@1 {q['pass_at_1']:.3f} [{q['interval'][0]:.3f}-{q['interval'][1]:.3f}]"
+                             f" ({q['passed']}/{q['runs']}; {q['format'].split(':')[0]})"))
     sources = d.get("sources") or {}
     if len(sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
         for name, st in plain_last(sources):
