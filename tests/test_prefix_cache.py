@@ -335,3 +335,15 @@ def test_the_kept_file_is_plain_safetensors_and_the_commands_list_and_clear_it(m
     assert cleared.returncode == 0 and b"1 files deleted" in cleared.stderr and not kept_files(
         os.environ["XDG_CACHE_HOME"])
     assert prefix.listing() == []
+
+
+def test_a_deferred_draft_model_counts_as_prefilled_only_what_it_prefilled(models, tmp_path):
+    """Under auto the draft model starts a row empty: what the kept prefills hold of its prompt is not counted as
+    prefilled at the start (a cold review found it counted so, for a model that never prefilled), and where it joins
+    later, the kept part counts as cached; T = 0 stays --draft none's text."""
+    args = ("--draft-model", models["draft"], "--temp", "0")
+    gen(tmp_path, models["full"], P1, "--draft", "model", *args)  # keeps the draft model's state of P1
+    out, stats = gen(tmp_path, models["full"], P2, "--draft", "auto", *args)
+    assert out == gen(tmp_path, models["full"], P2, "--draft", "none", "--temp", "0")[0]
+    prefilled, cached = stats["draft_prefill_tokens"], stats["draft_cached_tokens"]
+    assert (prefilled, cached) == (0, 0) or (cached == KEPT and prefilled <= len(P2) + 24 - KEPT), stats

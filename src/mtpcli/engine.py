@@ -373,18 +373,18 @@ class Engine:
         hidden = self.target.set_row(b, req.prompt[:-1], keep=again)
         t1 = time.perf_counter()
         self.drafter.start(b, req.prompt, hidden, keep=again)
+        t2 = time.perf_counter()
         if self.guide is not None:
             self.guide.start(b, req.grammar)
         self.policy.reset(b)
         shared, cached = self.target.reused, self.target.cached
         run = RunStats(prompt_tokens=len(req.prompt), prefill_tokens=0 if shared else len(req.prompt) - cached,
                        shared_prompt=shared, prompt_cached_tokens=cached, draft_cached_tokens=self.drafter.cached)
-        waiting = self.drafter.backlog(b, req.prompt)  # (a deferred draft model: all of it)
-        run.draft_prefill_tokens = 0 if waiting is None or shared else len(req.prompt) - waiting - run.draft_cached_tokens
+        run.draft_prefill_tokens = 0 if shared else self.drafter.prefilled  # (a deferred draft model: when it joins)
         if self.cfg.law == "typical":
             run.typical = {"enabled": True, "threshold": self.cfg.typical_threshold, "eps": self.cfg.typical_eps,
                            "distribution_exact": False}
-        run.prefill_s, run.draft_prefill_s = t1 - t0, time.perf_counter() - t1
+        run.prefill_s, run.draft_prefill_s = t1 - t0, t2 - t1
         self.runs[req.index] = run
         return Row(req, list(req.prompt), self._key(req), run, t0)
 

@@ -254,9 +254,10 @@ class AutoPolicy(WidthPolicy):
         self.follow, self.probe = (source, self.probe * 2) if cold else (None, self.probe)
         if source in self.drafted:
             self.drafted[source] += bool(k)
-        if k or source is None:  # (a draft cut to nothing: neither)
+        if k or source is None:  # (a draft cut to nothing: neither; a plain step launched ahead of a plan that
+            # brought a deferred source in carries none of its catch-up)
             self.fit.add(source, k, None if cold or tree else seconds, None if tree else (len(drafted),),
-                         self.caught if self.caught >= CATCH_TIMED else 0)
+                         self.caught if source in self.prefills and k and self.caught >= CATCH_TIMED else 0)
 
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this

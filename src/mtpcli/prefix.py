@@ -21,10 +21,11 @@ import zlib
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten
 
-from . import blas
+from . import __version__, blas
 from .errors import UsageError
 from .runlog import warn
 
@@ -59,7 +60,8 @@ def model_key(path: Path, model, role: str, details: str) -> str:
     return "\n".join([f"format {FORMAT}", f"role {role}", f"model {path}", *weights,
                       f"config {_digest(config.read_bytes()) if config.is_file() else '-'}", f"dtypes {dtypes}",
                       f"tokenizer {tokenizer.hexdigest()[:16]}", details,
-                      f"mlx {mx.__version__} {mx.default_device()} {library}"])
+                      f"mlx {mx.__version__} {mx.default_device()} {library}",
+                      f"mlx-lm {mlx_lm.__version__} mtpcli {__version__}"])  # (their model code computes it)
 
 
 class Bad(Exception):
@@ -113,7 +115,8 @@ def load(path: Path) -> tuple[dict, dict[str, mx.array]]:
             dtype = np.dtype(NUMPY[code])
         except (KeyError, TypeError, ValueError):
             raise Bad(f"tensor {name!r}: not a kept state") from None
-        if not (0 <= a <= b <= len(data)) or b - a != int(np.prod(shape)) * dtype.itemsize:
+        if not (0 <= a <= b <= len(data)) or min(shape, default=0) < 0 or \
+                b - a != int(np.prod(shape)) * dtype.itemsize:
             raise Bad(f"tensor {name!r}: truncated or damaged")
         crc, end = zlib.crc32(data[a:b], crc), max(end, b)
         x = mx.array(np.frombuffer(data[a:b], dtype).reshape(shape))

@@ -181,6 +181,11 @@ class Drafter:
         """Prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them."""
         return 0
 
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens the last `start` prefilled (0: none, or a deferred draft model's, counted when it joins)."""
+        return 0
+
 
 class Lookup(Drafter):
     """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `looks(row,

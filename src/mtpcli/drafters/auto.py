@@ -32,6 +32,10 @@ class AutoDrafter(Drafter):
     def cached(self) -> int:
         return sum(d.cached for d in self.sources.values())
 
+    @property
+    def prefilled(self) -> int:
+        return sum(d.prefilled for d in self.sources.values())
+
     def add_rows(self, n: int) -> None:
         for d in self.sources.values():
             d.add_rows(n)

@@ -39,10 +39,15 @@ class ModelDrafter(Drafter):
         self._proposed_from: list[int] = []
         self._fed = 0
         self._kept: dict[int, int] = {}  # a deferred row's prompt tokens the kept prefills hold (for its price)
+        self._prefilled = 0
 
     @property
     def cached(self) -> int:
         return self.lm.cached
+
+    @property
+    def prefilled(self) -> int:
+        return self._prefilled
 
     def add_rows(self, n: int) -> None:
         self.lm.add_rows(n)
@@ -54,6 +59,7 @@ class ModelDrafter(Drafter):
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         self.lm.set_row(row, [] if self.defer else prompt[:-1], keep and not self.defer)
         self._kept[row] = self.lm.kept(prompt[:-1]) if self.defer else 0
+        self._prefilled = 0 if self.defer or self.lm.reused else len(prompt) - 1 - self.lm.cached
         self._fed = 0  # a draft proposed for the row before (and never committed) is gone with it
 
     def backlog(self, row: int, context: list[int]) -> int:
