@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 SPIN = "while True: pass"
 REAL = Path.home() / ".cache/mtpcli/models"
+
+
+def kept(log: Path) -> dict:
+    """The kept table after a run, as the decision sees it: a cycle's time over a plain step's, per source and width."""
+    with sqlite3.connect(log) as con:
+        (value,), = con.execute("SELECT value FROM costs").fetchall()
+    t = json.loads(value)
+    step = t["step"]
+    return {"step": round(step, 4), **{f"{s}@{k}": round(1 + (t["fixed"].get(s, 0) + k * per) / step, 2)
+                                       for s, per in t["per_token"].items() for k in (1, 4, 8)}}
 
 
 def main() -> None:
@@ -55,7 +66,7 @@ def main() -> None:
             st = json.loads(stats.read_text())
             st = st.get("stats", st)
             runs.append({k: st.get(k) for k in ("tokens_per_cycle", "cycles", "plain_steps", "decode_tps",
-                                                "draft_width_hist")})
+                                                "draft_width_hist")} | {"kept": kept(root / "data/mtpcli/runs.sqlite")})
             print(i, json.dumps(runs[-1]), flush=True)
     finally:
         for p in spin:

@@ -19,7 +19,9 @@ import numpy as np
 
 PRIOR_ACCEPT = 0.6  # a drafted token's acceptance before a source is seen on this machine
 RIDGE = 8.0  # a run's slope of cycle seconds over the width: the prior's weighs as 32 cycles at two widths 1 apart
-KEEP_RUNS = 4  # a kept cost moves 1 / (1 + this) of the way towards a run that disagrees with it
+KEEP_RUNS = 4  # a kept cost moves 1 / (1 + this) of the way towards a run that disagrees with it ...
+MOVE = 1.25  # ... and by at most this factor (a cost in units of a step: beside SLACK of a step), so that no one busy
+SLACK = 0.02  # run swings the next
 
 
 def _pooled(old: list[float] | None, new: list[float]) -> list[float]:
@@ -105,14 +107,23 @@ class Costs:
         if same:
             return self
         w = min(self.runs, KEEP_RUNS)
-        move = lambda old, new: new if old is None else (old * w + new) / (w + 1)  # noqa: E731
+        step = _toward(self.step, measured.step, w, 0.0)
+        ratio = lambda mine, new: {**{s: v * step / self.step for s, v in mine.items()}, **{  # noqa: E731
+            s: step * _toward(mine.get(s, v) / self.step, v / measured.step, w if s in mine else 0, SLACK)
+            for s, v in new.items()}}  # in units of a step: a source the run did not measure keeps its ratio
         pooled = lambda mine, new: {**mine, **{s: _pooled(mine.get(s), v) for s, v in new.items()}}  # noqa: E731
-        return Costs(move(self.step, measured.step),
-                     {**self.per_token, **{s: move(self.per_token.get(s), v) for s, v in measured.per_token.items()}},
-                     {**self.fixed, **{s: move(self.fixed.get(s), v) for s, v in measured.fixed.items()}},
+        return Costs(step, ratio(self.per_token, measured.per_token), ratio(self.fixed, measured.fixed),
                      pooled(self.accept, measured.accept), pooled(self.shift, measured.shift),
-                     pooled(self.conf, measured.conf), min(self.runs + 1, 100),
-                     {**self.prefill, **{s: move(self.prefill.get(s), v) for s, v in measured.prefill.items()}})
+                     pooled(self.conf, measured.conf), min(self.runs + 1, 100), ratio(self.prefill, measured.prefill))
+
+
+def _toward(old: float, new: float, w: int, slack: float) -> float:
+    """`old` moved 1 / (1 + w) of the way to `new` (w 0: to it) in log(x + slack), by at most a factor MOVE there:
+    a run that measures a figure 3 times as large moves it as far as one that measures a third."""
+    if not w:
+        return new
+    step = (math.log(new + slack) - math.log(old + slack)) / (w + 1)
+    return (old + slack) * math.exp(max(-math.log(MOVE), min(math.log(MOVE), step))) - slack
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
@@ -170,13 +181,17 @@ class CostFit:
                 + self.untimed)
 
     def result(self) -> Costs | None:
+        drafted = [t * self.prior.step / self.prior.time(s, k) for s, d in self.drafts.items() for k, ts in d.items()
+                   for t in ts]  # what a plain step took, by the table's shape of each drafted cycle
         if len(self.plains) >= 3:
             step = median(self.plains)
+        elif len(drafted) >= 3:
+            step = median(drafted)
         elif self.known:
             step = self.prior.step
         else:
             return None
-        scale = 1.0 if self.known else step / self.prior.step
+        scale = step / self.prior.step  # (the table's costs in this run's seconds: its ratios kept)
         per, fixed = {}, {}
         for s, by_width in self.drafts.items():
             samples = [(k, t) for k, ts in by_width.items() for t in ts]

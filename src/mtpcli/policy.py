@@ -77,9 +77,9 @@ class AutoPolicy(WidthPolicy):
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
                  stops: Sequence[str] = (), rebase: int = 0, prefills: Sequence[str] = (),
                  backlog: Callable[[str, list], list[int] | None] = lambda s, c: None):
-        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then takes
-        plain steps at its 2nd to 4th cycles, and from its `rebase`-th cycle on, if set, decides by what it has
-        measured, as the next run will); `widest`: a source's widest draft under n_max; `stops`: the sources
+        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then decides
+        by it as a kept table would, and from its `rebase`-th cycle on, if set, by what it has measured, as the next
+        run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under n_max; `stops`: the sources
         whose drafts stop themselves (`floor`), asked for their widest draft; `prefills`: the sources that come in
         only where their catch-up pays, `backlog(source, contexts)` the tokens each row would prefill now."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
@@ -162,10 +162,10 @@ class AutoPolicy(WidthPolicy):
 
     # ---- the policy API ------------------------------------------------------------------------------
     def plan(self, contexts: list, left: Sequence[int] | None = None) -> Plan:
-        if not self.warm and 1 <= self.fit.cycles() - self.fit.untimed <= 3 and len(self.fit.plains) < 3:
-            self.last, self.caught = Plan(None, 0), 0  # calibration (cold runs only): a plain step's time
-            return self.last
         if self.rebase and not self.warm and self.fit.cycles() >= self.rebase:
+            if len(self.fit.plains) < 3 and self.fit.cycles() < self.rebase + 4:  # (a run's first timed cycle
+                self.last, self.caught = Plan(None, 0), 0  # is left out) a plain step's time, for the table it
+                return self.last  # re-bases on: here, not at the start, so a short first run drafts as later ones
             self._rebase()
         scores = self.scores(contexts)
         caught = {s: self._catch_up(s, scores, contexts, left) for s in self.prefills}
