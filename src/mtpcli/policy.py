@@ -5,7 +5,8 @@ E = 1 + sum_j prod_{i<=j} a_i. A source that estimates its own tokens (n-gram lo
 it estimates, moved in log-odds by how the row's drafted tokens fared against their estimates (`shift`); a draft
 model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
 model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
-confidence, calibrated the same way). T(s, k) = step + fixed[s] + k * per_token[s], a `Costs` table fixed for the
+confidence, calibrated the same way). T(s, k) = step (1 + verify k^BEND) + fixed[s] + k per_token[s] (a target pass is
+concave in its width), a `Costs` table fixed for the
 run (this machine's, kept in the run log; before one exists, a prior from the models' sizes, until a first run that
 keeps its table is 32 cycles in: then what it measured), while `CostFit` measures this run's by medians and a source this
 run has hardly drafted is tried after 8, 16, 32, ... cycles, two in a row (the first catches up), so that its cost
@@ -28,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .controller import Plan, WidthPolicy
-from .costs import Costs, CostFit
+from .costs import BEND, Costs, CostFit
 
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
@@ -219,8 +220,9 @@ class AutoPolicy(WidthPolicy):
         chance that the whole draft passes is worth its verification at the run's best rate, draw another while
         it is worth a draft step too; each row's chances shifted by its fit for the source."""
         step, per = self.costs.step, self.costs.per_token
-        cost = per.get(source, step)
-        verify = min(per.get("ngram", 0.1 * step), cost)
+        check = step * self.costs.verify * self.widest.get(source, self.n_max) ** (BEND - 1)  # a token's, on average
+        cost = per.get(source, step) + check  # over its widest draft (verify 0: in per_token, priced by lookup's)
+        verify = check if self.costs.verify else min(per.get("ngram", 0.1 * step), cost)
         rate = max(self.rate, 1.0 / step)
         return min(0.95, verify * rate), min(0.95, cost * rate), [self.shift(source, b) for b in range(self.batch)]
 
