@@ -147,3 +147,15 @@ def test_auto_greedy_with_trees_and_the_concave_table_is_token_identical_to_plai
     auto = with_trees(auto_engine(tiny, CONCAVE, max_tokens=40))
     assert run(auto, ids) == run(plain, ids)
     assert auto.stats.drafted > 0
+
+
+def test_the_cli_at_t0_under_auto_with_tree_auto_prints_what_draft_none_prints(cli, tiny_paths):
+    """Twice (the second run decides with the table the first kept), against --draft none."""
+    base = ("generate", "--model", tiny_paths["target"], "--max-tokens", 40, "--no-chat", "--temp", 0)
+    plain = cli(*base, "--draft", "none", input=b"abcabcabcabc")
+    assert plain.returncode == 0 and plain.stdout, plain.stderr.decode()
+    for _ in range(2):
+        r = cli(*base, "--draft", "auto", "--draft-model", tiny_paths["draft"], "--spec-tree", "auto",
+                input=b"abcabcabcabc")
+        assert r.returncode == 0, r.stderr.decode()
+        assert r.stdout == plain.stdout
