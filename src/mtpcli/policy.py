@@ -6,9 +6,8 @@ it estimates, moved in log-odds by how the row's drafted tokens fared against th
 model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
 model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
 confidence, calibrated the same way). T(s, k) = step (1 + verify k^BEND) + fixed[s] + k per_token[s] (a target pass is
-concave in its width), a `Costs` table fixed for the
-run (this machine's, kept in the run log; before one exists, a prior from the models' sizes, until a first run that
-keeps its table is 32 cycles in: then what it measured), while `CostFit` measures this run's by medians and a source this
+concave in its width), a `Costs` table fixed for the run (this machine's, kept in the run log; before one exists, a
+prior from the models' sizes, until a first run that keeps its table is 32 cycles in: then what it measured), while `CostFit` measures this run's by medians and a source this
 run has hardly drafted is tried after 8, 16, 32, ... cycles, two in a row (the first catches up), so that its cost
 is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed
 tokens and on the table, never on this cycle's draws: the exact law holds, and the same seed with the same kept
