@@ -1,6 +1,7 @@
 """The cycle-time table `draft = auto` decides with: what a cycle costs (a plain step, its verification of the drafted
-tokens, concave in their number, and per source a fixed part and seconds per drafted token) and what each source was found to do (its acceptance, the shift of its own estimates, the
-target's confidence where that acceptance was measured). A run decides with one table throughout (`Costs`, this
+tokens, concave in their number, and per source a fixed part and seconds per drafted token) and what each source was
+found to do (its acceptance, the shift of its own estimates, the target's confidence where that acceptance was
+measured). A run decides with one table throughout (`Costs`, this
 machine's as the run log keeps it, or `prior_costs` from the models' sizes) while `CostFit` measures the run; after
 it, `Costs.settled` says what to keep: the table as it was while the run agrees with it within its error (costs as
 shares of a step), else each figure moved towards the run's (a cost a fifth of the way and at most a factor MOVE, so
@@ -134,16 +135,15 @@ def _toward(old: float, new: float, w: int, slack: float) -> float:
     a run that measures a figure 3 times as large moves it as far as one that measures a third."""
     if not w:
         return new
-    step = (math.log(new + slack) - math.log(old + slack)) / (w + 1)
-    return (old + slack) * math.exp(max(-math.log(MOVE), min(math.log(MOVE), step))) - slack
+    move = (math.log(new + slack) - math.log(old + slack)) / (w + 1)
+    return (old + slack) * math.exp(max(-math.log(MOVE), min(math.log(MOVE), move))) - slack
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
     """Before any measurement, in units of a plain step: verifying n drafted tokens costs 0.11 n ** BEND on a CPU
     (1.11x a plain step for one, 1.52x for 8), 0.02 n ** BEND on a GPU; a draft model's token its size relative to the
-    target's (at least 60% on a GPU); lookup nothing more. A draft model
-    prefills a token for a tenth of its drafting one on a CPU (the 0.5B draft of a 1.5B target: 10-18 ms against
-    a 357 ms step, issue 54), a hundredth on a GPU."""
+    target's (at least 60% on a GPU); lookup nothing more. A draft model prefills a token for a tenth of its drafting
+    one on a CPU (the 0.5B draft of a 1.5B target: 10-18 ms against a 357 ms step, issue 54), a hundredth on a GPU."""
     draft = {s: (max(r, 0.6) if gpu else r) for s, r in draft_ratio.items() if r and s in sources}
     return Costs(1.0, {s: draft.get(s, 0.0) for s in sources},
                  prefill={s: r * (0.01 if gpu else 0.1) for s, r in draft.items()}, verify=0.02 if gpu else 0.11)

@@ -7,9 +7,10 @@ model or MTP heads, the acceptance kept for it moved by how sure the target is o
 model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
 confidence, calibrated the same way). T(s, k) = step (1 + verify k^BEND) + fixed[s] + k per_token[s] (a target pass is
 concave in its width), a `Costs` table fixed for the run (this machine's, kept in the run log; before one exists, a
-prior from the models' sizes, until a first run that keeps its table is 32 cycles in: then what it measured), while `CostFit` measures this run's by medians and a source this
-run has hardly drafted is tried after 8, 16, 32, ... cycles, two in a row (the first catches up), so that its cost
-is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed
+prior from the models' sizes, until a first run that keeps its table is 32 cycles in: then what it measured), while
+`CostFit` measures this run's by medians and a source this run has hardly drafted is tried after 8, 16, 32, ...
+cycles, two in a row (the first catches up), so that its cost is measured again; a kept table moves only part of the
+way towards one run. Every choice depends on committed
 tokens and on the table, never on this cycle's draws: the exact law holds, and the same seed with the same kept
 table gives the same output. What stays is what a replay ablation found to pay (docs/perf/auto.md).
 
@@ -79,9 +80,10 @@ class AutoPolicy(WidthPolicy):
                  backlog: Callable[[str, list], list[int] | None] = lambda s, c: None):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then decides
         by it as a kept table would, and from its `rebase`-th cycle on, if set, by what it has measured, as the next
-        run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under n_max; `stops`: the sources
-        whose drafts stop themselves (`floor`), asked for their widest draft; `prefills`: the sources that come in
-        only where their catch-up pays, `backlog(source, contexts)` the tokens each row would prefill now."""
+        run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under
+        n_max; `stops`: the sources whose drafts stop themselves (`floor`), asked for their widest draft;
+        `prefills`: the sources that come in only where their catch-up pays, `backlog(source, contexts)` the tokens
+        each row would prefill now."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops, self.batch, self.key = set(stops), batch, ""
