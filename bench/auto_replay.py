@@ -286,8 +286,11 @@ class Gate:
 
 def kept(args) -> tuple[dict, dict]:
     """The kept tables a warm run decides with: (greedy, sampled)."""
-    greedy = json.load(open(args.costs))
-    return greedy, json.load(open(args.costs_sampled)) if args.costs_sampled else greedy
+    tables = [json.load(open(args.costs)), json.load(open(args.costs_sampled)) if args.costs_sampled else None]
+    if args.concave:  # as a warm run reads a table an earlier version kept: its verification concave (issue 58)
+        from mtpcli.assemble import _kept
+        tables = [t if t is None else _kept(t).to_dict() for t in tables]
+    return tables[0], tables[1] or tables[0]
 
 
 def per_prompt(data: dict, arm: str, tokens: int, seeds: int, costs: tuple, variant=None) -> dict[str, float]:
@@ -462,6 +465,8 @@ def main() -> None:
         sim.add_argument("records", nargs="+")
         sim.add_argument("--costs", required=True, help="the kept cost table at T = 0 (JSON, as the run log keeps it)")
         sim.add_argument("--costs-sampled", help="the kept cost table for records drawn at T > 0 (default: --costs)")
+        sim.add_argument("--concave", action="store_true", help="the tables read as the package reads one an earlier "
+                         "version kept: a verification concave in its width, charged and decided by")
         sim.add_argument("--tokens", type=int, nargs="+", default=[40, 80])
         sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: their passes drawn this often")
         if cmd == "ablate":

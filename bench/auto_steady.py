@@ -27,12 +27,13 @@ REAL = Path.home() / ".cache/mtpcli/models"
 
 def kept(log: Path) -> dict:
     """The kept table after a run, as the decision sees it: a cycle's time over a plain step's, per source and width."""
+    from mtpcli.costs import Costs
+
     with sqlite3.connect(log) as con:
         (value,), = con.execute("SELECT value FROM costs").fetchall()
-    t = json.loads(value)
-    step = t["step"]
-    return {"step": round(step, 4), **{f"{s}@{k}": round(1 + (t["fixed"].get(s, 0) + k * per) / step, 2)
-                                       for s, per in t["per_token"].items() for k in (1, 4, 8)}}
+    t = Costs.from_dict(json.loads(value))
+    return {"step": round(t.step, 4), **{f"{s}@{k}": round(t.time(s, k) / t.step, 2) for s in t.per_token
+                                         for k in (1, 4, 8)}}
 
 
 def main() -> None:
