@@ -153,8 +153,12 @@ def without(names) -> tuple:
 
 def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None) -> tuple[float, list[str]]:
     """One record under `arm` (auto; plain; ngram:K lookup at width K where it has a match, else a plain step;
-    model:K the draft model at width K; ema the draft model at the EMA width 3..7 of profile adaptive): tokens per
-    second against plain steps, and the cycles (source letter, drafted:committed)."""
+    model:K the draft model at width K; ema the draft model at the EMA width 3..7 of profile adaptive; the peers'
+    simple gates over the draft model (issue 58): profit:K, width K while its measured tokens per second beat a plain
+    step's, else plain steps with a probe every PROBE cycles (beellama.cpp's `profit`); ema0, an EMA of the accepted
+    length that may fall to 0 (Ollama's MLX runner), probed as profit is; ev, the depth of most expected tokens per
+    second at the measured acceptance, 0 where none beats a plain step (MTPLX)): tokens per second against plain
+    steps, and the cycles (source letter, drafted:committed)."""
     from mtpcli.controller import EmaController
     from mtpcli.drafters import passes
     from mtpcli.drafters.ngram import NgramDrafter
@@ -182,6 +186,7 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
     pol.start(1, "greedy" if greedy else "exact")
     fixed, width = (arm.split(":") + ["0"])[:2] if arm != "auto" else (None, "0")
     ema = EmaController(n_min=3, n_max=7) if arm == "ema" else None
+    gate = Gate(arm, table) if fixed in ("profit", "ema0", "ev") else None
     t, seconds, trace = 0, 0.0, []
     while t < min(tokens, len(gen) - 1):
         context = ids + gen[:t]
@@ -192,6 +197,9 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
             source = "ngram" if k else None
         elif fixed in ("model", "ema"):
             source, k = "model", ema.width() if ema else int(width)
+        elif gate is not None:
+            k = gate.width()
+            source = "model" if k else None
         else:
             source, k = None, 0
         k = min(k, len(gen) - t - 1)
@@ -228,15 +236,61 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
                 pol.observe([conf[t: t + a + 1]])
         elif ema is not None:
             ema.update([n], [a])
+        elif gate is not None:
+            gate.update(n, a, sec)
         t += a + 1
         lookup.commit([ids + gen[:t]], [a], None)
     return t / seconds * table.time(None, 0), trace
 
 
+class Gate:
+    """The peers' simple gates over the draft model (run_one's profit:K, ema0, ev): each decides by what it has
+    measured on committed tokens only (its own drafts' outcomes, the table's seconds)."""
+
+    PROBE = 8  # cycles between probes of a gate that turned drafting off
+    ALPHA = 0.3  # the EMAs' weight of the newest cycle
+
+    def __init__(self, arm: str, table):
+        self.kind, _, k = arm.partition(":")
+        self.k, self.table, self.off = int(k or 4), table, 0
+        self.rate = None  # profit: the EMA of drafting cycles' tokens per second
+        self.length = 3.0  # ema0: the EMA of the accepted length
+        self.passed, self.tested = 3.0, 4.0  # ev: drafted tokens passed over tested (a prior of 0.75)
+
+    def width(self) -> int:
+        if self.kind == "profit":
+            on = self.rate is None or self.rate >= 1 / self.table.time(None, 0)
+            k = self.k
+        elif self.kind == "ema0":
+            k = min(8, round(self.length))
+            on = k > 0
+            k = max(k, 1)
+        else:  # ev: E(k) = 1 + a + ... + a^k tokens in T(model, k)
+            a = self.passed / self.tested
+            k = max(range(9), key=lambda j: sum(a**i for i in range(j + 1)) / self.table.time("model" if j else None,
+                                                                                             j))
+            on, k = k > 0, max(k, 1)
+        if on:
+            return k
+        self.off += 1
+        return k if self.off % self.PROBE == 0 else 0
+
+    def update(self, n: int, a: int, seconds: float) -> None:
+        if not n:
+            return
+        rate = (a + 1) / seconds
+        self.rate = rate if self.rate is None else (1 - self.ALPHA) * self.rate + self.ALPHA * rate
+        self.length = (1 - self.ALPHA) * self.length + self.ALPHA * (a + (a == n))  # (a full accept: one more)
+        self.passed, self.tested = self.passed + a, self.tested + min(n, a + 1)
+
+
 def kept(args) -> tuple[dict, dict]:
     """The kept tables a warm run decides with: (greedy, sampled)."""
-    greedy = json.load(open(args.costs))
-    return greedy, json.load(open(args.costs_sampled)) if args.costs_sampled else greedy
+    tables = [json.load(open(args.costs)), json.load(open(args.costs_sampled)) if args.costs_sampled else None]
+    if args.concave:  # as a warm run reads a table an earlier version kept: its verification concave (issue 58)
+        from mtpcli.assemble import _kept
+        tables = [t if t is None else _kept(t).to_dict() for t in tables]
+    return tables[0], tables[1] or tables[0]
 
 
 def per_prompt(data: dict, arm: str, tokens: int, seeds: int, costs: tuple, variant=None) -> dict[str, float]:
@@ -273,7 +327,7 @@ def compare(args) -> None:
     geometric means, auto over the best single arm, and how many prompts are below 0.97x their best fixed arm."""
     costs = kept(args)
     data = load(args.records)
-    arms = ["auto", "ngram:4", "model:4", "ema"]
+    arms, gates = ["auto", "ngram:4", "model:4", "ema"], ["profit:4", "ema0", "ev"]
     for tokens in args.tokens:
         per = {arm: per_prompt(data, arm, tokens, args.seeds, costs) for arm in arms}
         print(f"\n### {tokens} tokens\n\n| prompt | " + " | ".join(arms) + " | auto / best fixed |\n|---|" +
@@ -301,6 +355,19 @@ def compare(args) -> None:
             hits += sum(fixed[arm][n] >= 0.97 * max(f[n] for f in fixed.values()) for n in names)
         print(f"the best fixed arm of each class, chosen in hindsight: >= 0.97x the best fixed arm on {hits} of "
               f"{len(data)} prompts ({hits / len(data):.0%})")
+        # the peers' simple gates beside auto: overall and per class, and whether one comes within 2% of auto
+        per.update({g: per_prompt(data, g, tokens, args.seeds, costs) for g in gates})
+        classes = {a: by_class(per[a]) for a in ["auto", *gates]}
+        print("\n| arm | overall | " + " | ".join(classes["auto"]) + " |\n|---|---|" + "---|" * len(classes["auto"]))
+        for a in ["auto", *gates]:
+            print(f"| {a} | {geometric_mean(per[a].values()):.3f} | " +
+                  " | ".join(f"{v:.3f}" for v in classes[a].values()) + " |")
+        for g in gates:
+            ratios = [geometric_mean(per[g].values()) / means["auto"]] + [
+                classes[g][c] / classes["auto"][c] for c in classes["auto"]]
+            print(f"{g} / auto: overall {ratios[0]:.3f}, the worst class {min(ratios[1:]):.3f}, the best "
+                  f"{max(ratios[1:]):.3f}; within 2% of auto (>= 0.98) overall and on every class: "
+                  f"{'yes' if min(ratios) >= 0.98 else 'no'}")
 
 
 def ablate(args) -> None:
@@ -398,6 +465,8 @@ def main() -> None:
         sim.add_argument("records", nargs="+")
         sim.add_argument("--costs", required=True, help="the kept cost table at T = 0 (JSON, as the run log keeps it)")
         sim.add_argument("--costs-sampled", help="the kept cost table for records drawn at T > 0 (default: --costs)")
+        sim.add_argument("--concave", action="store_true", help="the tables read as the package reads one an earlier "
+                         "version kept: a verification concave in its width, charged and decided by")
         sim.add_argument("--tokens", type=int, nargs="+", default=[40, 80])
         sim.add_argument("--seeds", type=int, default=8, help="records drawn at T > 0: their passes drawn this often")
         if cmd == "ablate":

@@ -120,7 +120,8 @@ def test_a_catch_up_times_the_sources_prefill_and_is_kept():
     assert Costs.from_dict(got.to_dict()).prefill == got.prefill
     kept = Costs(1.0, {"model": 0.1}, prefill={"model": 0.05})
     assert kept.settled(Costs(1.0, {"model": 0.1}, prefill={"model": 0.055})) is kept  # within its error
-    assert kept.settled(got).prefill["model"] == pytest.approx((0.05 + 0.03) / 2)  # (runs=1: half way)
+    assert kept.settled(got).prefill["model"] == pytest.approx(0.07 * (0.05 / 0.07) ** 0.5 - 0.02)  # (runs=1: half
+    # way in log(x + 0.02), x a share of a step: costs.MOVE)
 
 
 def test_auto_defers_a_draft_model_and_a_pinned_width_keeps_it_eager(tiny_paths):

@@ -120,10 +120,9 @@ def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
 
 def _tree_cost(policy, name: str, ratio: dict, k: int, n: int) -> float:
     """A cycle's seconds drafting k tokens of `name` and verifying n, from auto's table (else the prior, with the
-    draft model's size over the target's): a node past the chain costs what a lookup token does (its check)."""
-    prior = prior_costs([name, "ngram"], ratio, mx.default_device() == mx.gpu)
-    costs = policy.costs if isinstance(policy, AutoPolicy) else prior
-    return costs.time(name, k) + (n - k) * costs.per_token.get("ngram", prior.per_token["ngram"] * costs.step)
+    draft model's size over the target's): a node past the chain costs its share of the concave verification."""
+    gpu = mx.default_device() == mx.gpu
+    return (policy.costs if isinstance(policy, AutoPolicy) else prior_costs([name], ratio, gpu)).time(name, k, n)
 
 
 def _params(model) -> int:
@@ -153,9 +152,13 @@ def costs_key(cfg: Config, batch_size: int) -> str:
 
 def _kept(value) -> Costs | None:
     try:
-        return Costs.from_dict(value) if value is not None else None
+        kept = Costs.from_dict(value) if value is not None else None
     except Exception:  # noqa: BLE001 - a table of another shape: the prior instead, the log left as it is
         return None
+    if kept is not None and not kept.verify:  # an earlier version's: a token's verification was in per_token
+        kept.verify = prior_costs([], {}, mx.default_device() == mx.gpu).verify
+        kept.per_token = {n: max(v - kept.verify * kept.step, 0.0) for n, v in kept.per_token.items()}
+    return kept
 
 
 def use_kept_costs(policy: AutoPolicy, key: str) -> None:

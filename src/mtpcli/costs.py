@@ -1,9 +1,11 @@
-"""The cycle-time table `draft = auto` decides with: what a cycle costs (a plain step, and per source a fixed part and
-seconds per drafted token) and what each source was found to do (its acceptance, the shift of its own estimates, the
-target's confidence where that acceptance was measured). A run decides with one table throughout (`Costs`, this
+"""The cycle-time table `draft = auto` decides with: what a cycle costs (a plain step, its verification of the drafted
+tokens, concave in their number, and per source a fixed part and seconds per drafted token) and what each source was
+found to do (its acceptance, the shift of its own estimates, the target's confidence where that acceptance was
+measured). A run decides with one table throughout (`Costs`, this
 machine's as the run log keeps it, or `prior_costs` from the models' sizes) while `CostFit` measures the run; after
-it, `Costs.settled` says what to keep: the table as it was while the run agrees with it within its error, else
-each figure moved towards the run's (a cost a fifth of the way, so that one busy run cannot switch drafting off).
+it, `Costs.settled` says what to keep: the table as it was while the run agrees with it within its error (costs as
+shares of a step), else each figure moved towards the run's (a cost a fifth of the way and at most a factor MOVE, so
+that one busy run cannot switch drafting off; one the run did not measure keeps its share of a step).
 A source that prefills before it drafts (a deferred draft model) also costs seconds per token of what it catches up on
 (`prefill`), which `draft = auto` weighs against what the source would save over the rest of the answer.
 """
@@ -19,7 +21,12 @@ import numpy as np
 
 PRIOR_ACCEPT = 0.6  # a drafted token's acceptance before a source is seen on this machine
 RIDGE = 8.0  # a run's slope of cycle seconds over the width: the prior's weighs as 32 cycles at two widths 1 apart
-KEEP_RUNS = 4  # a kept cost moves 1 / (1 + this) of the way towards a run that disagrees with it
+KEEP_RUNS = 4  # a kept cost moves 1 / (1 + this) of the way towards a run that disagrees with it ...
+MOVE = 1.25  # ... and by at most this factor (a cost in units of a step: beside SLACK of a step), so that no one busy
+SLACK = 0.02  # run swings the next
+BEND = 0.75  # a target pass is concave in its width: verifying n drafted tokens costs verify * n ** BEND of a step
+# beyond a plain step (this CPU's 1.5B: 1, 4, 8 tokens 1.11x, 1.35x, 1.50x a plain step, issue 58)
+LOOKUP = ("ngram", "history")  # sources that draft for next to nothing: their cycles time the verification
 
 
 def _pooled(old: list[float] | None, new: list[float]) -> list[float]:
@@ -30,10 +37,11 @@ def _pooled(old: list[float] | None, new: list[float]) -> list[float]:
 
 @dataclass
 class Costs:
-    """A cycle's seconds: step (a plain step) + fixed[s] + k * per_token[s]; what a source was found to do: its
-    drafted tokens' acceptance [rate, tokens tested], the shift of its own estimates [log-odds, tokens], the
-    target's confidence where that acceptance was measured [mean, cycles]; `runs`: how many runs it pools;
-    `prefill`: seconds per token a source prefills before it drafts (its catch-up)."""
+    """A cycle's seconds: step (a plain step) x (1 + verify x n ** BEND, n tokens verified) + fixed[s] + k *
+    per_token[s] (k drafted); what a source was found to do: its drafted tokens' acceptance [rate, tokens tested],
+    the shift of its own estimates [log-odds, tokens], the target's confidence where that acceptance was measured
+    [mean, cycles]; `runs`: how many runs it pools; `prefill`: seconds per token a source prefills before it drafts
+    (its catch-up); `verify` 0: the verification is in per_token (a table of an earlier version)."""
 
     step: float
     per_token: dict[str, float]
@@ -43,15 +51,18 @@ class Costs:
     conf: dict[str, list[float]] = field(default_factory=dict)
     runs: int = 1
     prefill: dict[str, float] = field(default_factory=dict)
+    verify: float = 0.0
 
     def catch_up(self, source: str, tokens: int) -> float:
         """Seconds `source` takes to prefill `tokens` committed tokens."""
         return tokens * self.prefill.get(source, 0.0)
 
-    def time(self, source: str | None, k: int) -> float:
+    def time(self, source: str | None, k: int, nodes: int | None = None) -> float:
+        """Seconds of a cycle drafting k tokens of `source` and verifying `nodes` (a tree's; else the k)."""
         if source is None or k == 0:
             return self.step
-        return self.step + self.fixed.get(source, 0.0) + k * self.per_token.get(source, self.step)
+        return (self.step * (1 + self.verify * (k if nodes is None else nodes) ** BEND) + self.fixed.get(source, 0.0)
+                + k * self.per_token.get(source, self.step))
 
     def prior_accept(self, source: str) -> float:
         """The kept acceptance, shrunk towards PRIOR_ACCEPT by how few tokens it was measured on."""
@@ -76,8 +87,10 @@ class Costs:
         shift, conf = ({str(k): [float(v[0]), float(v[1])] for k, v in (d.get(name) or {}).items()}
                        for name in ("shift", "conf"))
         prefill = {str(k): float(v) for k, v in (d.get("prefill") or {}).items()}
+        verify = float(d.get("verify", 0.0))
         if not (step > 0 and math.isfinite(step + extra) and all(v >= 0 and math.isfinite(v) for v in
-                                                                   [*per.values(), *raw.values(), *prefill.values()])):
+                                                                   [*per.values(), *raw.values(), *prefill.values(),
+                                                                    verify])):
             raise ValueError("a non-positive or non-finite cost")
         if not all(0.0 <= a <= 1.0 and 0 <= n < math.inf for a, n in accept.values()):
             raise ValueError("an acceptance outside [0, 1]")
@@ -85,17 +98,18 @@ class Costs:
             raise ValueError("a shift outside [-6, 6]")
         if not all(0.0 < c <= 1.0 and n >= 0 for c, n in conf.values()):
             raise ValueError("a confidence outside (0, 1]")
-        return cls(step, per, fixed, accept, shift, conf, max(int(d.get("runs", 1)), 1), prefill)
+        return cls(step, per, fixed, accept, shift, conf, max(int(d.get("runs", 1)), 1), prefill, verify)
 
     def settled(self, measured: "Costs") -> "Costs":
         """What to keep after a run measured `measured`: this table while every measured figure agrees with it
-        within its error (the same seed, the same output next time), else each figure moved towards the run's:
-        a cost 1 / (1 + KEEP_RUNS) of the way (one busy run cannot switch drafting off), the rest by their counts."""
-        times = [(self.time(s, w), measured.time(s, w)) for s in measured.per_token for w in (1, 4)]
-        same = set(measured.per_token) <= set(self.per_token) and all(
-            abs(a - b) <= 0.15 * a for a, b in [(self.step, measured.step)] + times)
-        same &= all(s in self.prefill and abs(self.prefill[s] - v) <= 0.25 * self.prefill[s]
-                    for s, v in measured.prefill.items())
+        within its error (costs as shares of a step: the same seed, the same output next time), else each figure
+        moved towards the run's: a cost 1 / (1 + KEEP_RUNS) of the way and at most a factor MOVE (one busy run cannot
+        switch drafting off), the rest by their counts."""
+        times = [(self.time(s, w) / self.step, measured.time(s, w) / measured.step) for s in measured.per_token
+                 for w in (1, 4)]  # as shares of a step: a machine uniformly slower (busy) decides the same
+        same = set(measured.per_token) <= set(self.per_token) and all(abs(a - b) <= 0.15 * a for a, b in times)
+        same &= all(s in self.prefill and abs(self.prefill[s] / self.step - v / measured.step) <= 0.25 *
+                    self.prefill[s] / self.step for s, v in measured.prefill.items())
         same &= all(s in self.accept and abs(self.accept[s][0] - x) <= max(0.05, 2 * math.sqrt(x * (1 - x) / n))
                     for s, (x, n) in measured.accept.items())
         same &= all(s in self.shift and abs(self.shift[s][0] - d) <= max(0.5, 4 / math.sqrt(max(n, 1.0)))
@@ -105,25 +119,34 @@ class Costs:
         if same:
             return self
         w = min(self.runs, KEEP_RUNS)
-        move = lambda old, new: new if old is None else (old * w + new) / (w + 1)  # noqa: E731
+        step = _toward(self.step, measured.step, w, 0.0)
+        ratio = lambda mine, new: {**{s: v * step / self.step for s, v in mine.items()}, **{  # noqa: E731
+            s: step * _toward(mine.get(s, v) / self.step, v / measured.step, w if s in mine else 0, SLACK)
+            for s, v in new.items()}}  # in units of a step: a source the run did not measure keeps its ratio
         pooled = lambda mine, new: {**mine, **{s: _pooled(mine.get(s), v) for s, v in new.items()}}  # noqa: E731
-        return Costs(move(self.step, measured.step),
-                     {**self.per_token, **{s: move(self.per_token.get(s), v) for s, v in measured.per_token.items()}},
-                     {**self.fixed, **{s: move(self.fixed.get(s), v) for s, v in measured.fixed.items()}},
+        return Costs(step, ratio(self.per_token, measured.per_token), ratio(self.fixed, measured.fixed),
                      pooled(self.accept, measured.accept), pooled(self.shift, measured.shift),
-                     pooled(self.conf, measured.conf), min(self.runs + 1, 100),
-                     {**self.prefill, **{s: move(self.prefill.get(s), v) for s, v in measured.prefill.items()}})
+                     pooled(self.conf, measured.conf), min(self.runs + 1, 100), ratio(self.prefill, measured.prefill),
+                     _toward(self.verify, measured.verify, w if self.verify else 0, SLACK))
+
+
+def _toward(old: float, new: float, w: int, slack: float) -> float:
+    """`old` moved 1 / (1 + w) of the way to `new` (w 0: to it) in log(x + slack), by at most a factor MOVE there:
+    a run that measures a figure 3 times as large moves it as far as one that measures a third."""
+    if not w:
+        return new
+    move = (math.log(new + slack) - math.log(old + slack)) / (w + 1)
+    return (old + slack) * math.exp(max(-math.log(MOVE), min(math.log(MOVE), move))) - slack
 
 
 def prior_costs(sources: Sequence[str], draft_ratio: dict[str, float], gpu: bool) -> Costs:
-    """Before any measurement, in units of a plain step: verifying a token costs 10% on a CPU, 2% on a GPU; a draft
-    model's token its size relative to the target's (at least 60% on a GPU); lookup nothing more. A draft model
-    prefills a token for a tenth of its drafting one on a CPU (the 0.5B draft of a 1.5B target: 10-18 ms against
-    a 357 ms step, issue 54), a hundredth on a GPU."""
-    verify = 0.02 if gpu else 0.10
+    """Before any measurement, in units of a plain step: verifying n drafted tokens costs 0.11 n ** BEND on a CPU
+    (1.11x a plain step for one, 1.52x for 8), 0.02 n ** BEND on a GPU; a draft model's token its size relative to the
+    target's (at least 60% on a GPU); lookup nothing more. A draft model prefills a token for a tenth of its drafting
+    one on a CPU (the 0.5B draft of a 1.5B target: 10-18 ms against a 357 ms step, issue 54), a hundredth on a GPU."""
     draft = {s: (max(r, 0.6) if gpu else r) for s, r in draft_ratio.items() if r and s in sources}
-    return Costs(1.0, {s: verify + draft.get(s, 0.0) for s in sources},
-                 prefill={s: r * (0.01 if gpu else 0.1) for s, r in draft.items()})
+    return Costs(1.0, {s: draft.get(s, 0.0) for s in sources},
+                 prefill={s: r * (0.01 if gpu else 0.1) for s, r in draft.items()}, verify=0.02 if gpu else 0.11)
 
 
 @dataclass
@@ -170,20 +193,31 @@ class CostFit:
                 + self.untimed)
 
     def result(self) -> Costs | None:
+        drafted = [t * self.prior.step / self.prior.time(s, k) for s, d in self.drafts.items() for k, ts in d.items()
+                   for t in ts]  # what a plain step took, by the table's shape of each drafted cycle
         if len(self.plains) >= 3:
             step = median(self.plains)
+        elif len(drafted) >= 3:
+            step = median(drafted)
         elif self.known:
             step = self.prior.step
         else:
             return None
-        scale = 1.0 if self.known else step / self.prior.step
+        scale = step / self.prior.step  # (the table's costs in this run's seconds: its ratios kept)
+        verify = self.prior.verify
+        looks = [(k, median(ts), len(ts)) for s in LOOKUP for k, ts in self.drafts.get(s, {}).items()]
+        if verify and looks:  # a lookup's cycle is a verification: its level (the shape is BEND's), pulled towards
+            x, m, n = (np.array(v, float) for v in zip(*looks))  # the table's as RIDGE cycles verifying one token
+            verify = max(float((n * x**BEND) @ (m / step - 1) + RIDGE * verify) / float(n @ x**(2 * BEND) + RIDGE), 0.0)
+        check = lambda k: step * verify * k**BEND  # noqa: E731 - a verification's seconds beyond a step
         per, fixed = {}, {}
         for s, by_width in self.drafts.items():
-            samples = [(k, t) for k, ts in by_width.items() for t in ts]
+            samples = [(k, t - check(k)) for k, ts in by_width.items() for t in ts]  # what drafting took, and a step
             if len(samples) < 2:
                 continue  # too few to say (two probes time two)
             k, n = np.array(list(by_width), float), np.array([len(ts) for ts in by_width.values()], float)
-            m, prior = np.array([median(ts) for ts in by_width.values()]), self.prior.per_token.get(s, 0.1) * scale
+            m = np.array([median(ts) - check(k) for k, ts in by_width.items()])
+            prior = self.prior.per_token.get(s, 0.1) * scale
             dk = k - np.average(k, weights=n)
             per[s] = max(float((n * dk) @ m + RIDGE * prior) / float(n @ dk**2 + RIDGE), 0.0)
             mean_k, over = float(n @ k) / n.sum(), float(n @ m) / n.sum() - step  # what was measured beyond a step
@@ -194,5 +228,5 @@ class CostFit:
         for s, samples in self.catch_ups.items():
             f = fixed.get(s, self.prior.fixed.get(s, 0.0) * scale)
             p = per.get(s, self.prior.per_token.get(s, self.prior.step) * scale)
-            prefill[s] = max(median((t - step - f - k * p) / n for k, n, t in samples), 0.0)
-        return Costs(step, per, fixed, prefill=prefill)
+            prefill[s] = max(median((t - step - check(k) - f - k * p) / n for k, n, t in samples), 0.0)
+        return Costs(step, per, fixed, prefill=prefill, verify=verify)

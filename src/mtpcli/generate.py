@@ -308,7 +308,7 @@ def idle_draft_model(cfg: config.Config, record: dict) -> str | None:
         table = costs
         where = "from this machine's kept cost table" if auto.get("warm") else "a prior from the models' sizes"
     step = table.step
-    cost = f"{table.per_token.get('model', step) / step:.0%} of a target step"
+    cost = f"{(table.time('model', 1) - step - table.fixed.get('model', 0.0)) / step:.0%} of a target step"
     if table.fixed.get("model"):
         cost += f", and {table.fixed['model'] / step:.0%} of one a cycle to catch up"
     if used.get("drafted"):

@@ -5,11 +5,12 @@ E = 1 + sum_j prod_{i<=j} a_i. A source that estimates its own tokens (n-gram lo
 it estimates, moved in log-odds by how the row's drafted tokens fared against their estimates (`shift`); a draft
 model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
 model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
-confidence, calibrated the same way). T(s, k) = step + fixed[s] + k * per_token[s], a `Costs` table fixed for the
-run (this machine's, kept in the run log; before one exists, a prior from the models' sizes, until a first run that
-keeps its table is 32 cycles in: then what it measured), while `CostFit` measures this run's by medians and a source this
-run has hardly drafted is tried after 8, 16, 32, ... cycles, two in a row (the first catches up), so that its cost
-is measured again; a kept table moves only part of the way towards one run. Every choice depends on committed
+confidence, calibrated the same way). T(s, k) = step (1 + verify k^BEND) + fixed[s] + k per_token[s] (a target pass is
+concave in its width), a `Costs` table fixed for the run (this machine's, kept in the run log; before one exists, a
+prior from the models' sizes, until a first run that keeps its table is 32 cycles in: then what it measured), while
+`CostFit` measures this run's by medians and a source this run has hardly drafted is tried after 8, 16, 32, ...
+cycles, two in a row (the first catches up), so that its cost is measured again; a kept table moves only part of the
+way towards one run. Every choice depends on committed
 tokens and on the table, never on this cycle's draws: the exact law holds, and the same seed with the same kept
 table gives the same output. What stays is what a replay ablation found to pay (docs/perf/auto.md).
 
@@ -28,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .controller import Plan, WidthPolicy
-from .costs import Costs, CostFit
+from .costs import BEND, Costs, CostFit
 
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
@@ -77,11 +78,12 @@ class AutoPolicy(WidthPolicy):
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
                  stops: Sequence[str] = (), rebase: int = 0, prefills: Sequence[str] = (),
                  backlog: Callable[[str, list], list[int] | None] = lambda s, c: None):
-        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then takes
-        plain steps at its 2nd to 4th cycles, and from its `rebase`-th cycle on, if set, decides by what it has
-        measured, as the next run will); `widest`: a source's widest draft under n_max; `stops`: the sources
-        whose drafts stop themselves (`floor`), asked for their widest draft; `prefills`: the sources that come in
-        only where their catch-up pays, `backlog(source, contexts)` the tokens each row would prefill now."""
+        """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then decides
+        by it as a kept table would, and from its `rebase`-th cycle on, if set, by what it has measured, as the next
+        run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under
+        n_max; `stops`: the sources whose drafts stop themselves (`floor`), asked for their widest draft;
+        `prefills`: the sources that come in only where their catch-up pays, `backlog(source, contexts)` the tokens
+        each row would prefill now."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops, self.batch, self.key = set(stops), batch, ""
@@ -162,10 +164,10 @@ class AutoPolicy(WidthPolicy):
 
     # ---- the policy API ------------------------------------------------------------------------------
     def plan(self, contexts: list, left: Sequence[int] | None = None) -> Plan:
-        if not self.warm and 1 <= self.fit.cycles() - self.fit.untimed <= 3 and len(self.fit.plains) < 3:
-            self.last, self.caught = Plan(None, 0), 0  # calibration (cold runs only): a plain step's time
-            return self.last
         if self.rebase and not self.warm and self.fit.cycles() >= self.rebase:
+            if len(self.fit.plains) < 3 and self.fit.cycles() < self.rebase + 4:  # (a run's first timed cycle
+                self.last, self.caught = Plan(None, 0), 0  # is left out) a plain step's time, for the table it
+                return self.last  # re-bases on: here, not at the start, so a short first run drafts as later ones
             self._rebase()
         scores = self.scores(contexts)
         caught = {s: self._catch_up(s, scores, contexts, left) for s in self.prefills}
@@ -219,8 +221,9 @@ class AutoPolicy(WidthPolicy):
         chance that the whole draft passes is worth its verification at the run's best rate, draw another while
         it is worth a draft step too; each row's chances shifted by its fit for the source."""
         step, per = self.costs.step, self.costs.per_token
-        cost = per.get(source, step)
-        verify = min(per.get("ngram", 0.1 * step), cost)
+        check = step * self.costs.verify * self.widest.get(source, self.n_max) ** (BEND - 1)  # a token's, on average
+        cost = per.get(source, step) + check  # over its widest draft (verify 0: in per_token, priced by lookup's)
+        verify = check if self.costs.verify else min(per.get("ngram", 0.1 * step), cost)
         rate = max(self.rate, 1.0 / step)
         return min(0.95, verify * rate), min(0.95, cost * rate), [self.shift(source, b) for b in range(self.batch)]
 
