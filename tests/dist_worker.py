@@ -21,8 +21,9 @@ PROMPT = "the sea is "
 
 
 def run(dist, loaded, target, draft_path, n, max_tokens, batch, eos=True, **flags):
-    cfg = config.resolve(None, {"model": target, "draft_model": draft_path, "num_draft_tokens": 3,
-                                "max_tokens": max_tokens, "distributed": dist.mode, **flags})
+    drafting = {} if flags.get("draft") == "none" else {"draft_model": draft_path, "num_draft_tokens": 3}
+    cfg = config.resolve(None, {"model": target, **drafting, "max_tokens": max_tokens, "distributed": dist.mode,
+                                **flags})
     cfg = config.settle(cfg, False, sharded=True)
     t = loaded[dist.mode]
     d = None

@@ -211,7 +211,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
         assemble.engine(cfg, target, draft, size, store, keep=opts.log)
     kept = assemble.keep_prefills(cfg, engine, target, draft) if cfg.prefill_cache and not group.sharded else None
-    if cfg.prefill_cache and group.sharded and group.root:  # (its ranks would have to agree where they resume)
+    if cfg.prefill_cache and group.sharded and group.root and not opts.quiet:  # (its ranks would have to agree)
         err(f"mtpcli: note: a sharded target (--distributed {group.mode}) does not keep prefills; the prompt is "
             "prefilled in full")
     notes(cfg, engine, requests, opts, size, said)
