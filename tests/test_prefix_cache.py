@@ -347,3 +347,14 @@ def test_a_deferred_draft_model_counts_as_prefilled_only_what_it_prefilled(model
     assert out == gen(tmp_path, models["full"], P2, "--draft", "none", "--temp", "0")[0]
     prefilled, cached = stats["draft_prefill_tokens"], stats["draft_cached_tokens"]
     assert (prefilled, cached) == (0, 0) or (cached == KEPT and prefilled <= len(P2) + 24 - KEPT), stats
+
+
+def test_kept_prefills_are_readable_by_their_owner_only(models, tmp_path):
+    """A prompt's kept states hold the prompt (its token ids, and keys and values made from it): 0600 files in a
+    0700 folder, as the run log and the history store are."""
+    import stat
+
+    gen(tmp_path, models["full"], P1, "--draft", "none")
+    files = list(prefix.folder().glob("*.safetensors"))
+    assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert stat.S_IMODE(prefix.folder().stat().st_mode) == 0o700

@@ -139,10 +139,10 @@ def save(path: Path, key: str, tokens: list[int], arrays: dict[str, mx.array]) -
     entries["__metadata__"] = {**meta, "crc": str(crc)}
     head = json.dumps(entries).encode()
     head += b" " * (-len(head) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # (a prompt's states hold the prompt: its owner's)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
-        with tmp.open("wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(len(head).to_bytes(8, "little") + head)
             for buf in bufs:
                 f.write(memoryview(buf).cast("B"))
