@@ -56,3 +56,12 @@ def cli(tmp_path):
         return subprocess.run([sys.executable, "-m", "mtpcli", *map(str, args)], input=input,
                               capture_output=True, env=full_env, timeout=timeout, cwd=tmp_path)
     return run
+
+
+@pytest.fixture
+def udir(tmp_path, monkeypatch):
+    """A user profile folder of the test's own (MTPCLI_PROFILE_DIR)."""
+    d = tmp_path / "profiles"
+    d.mkdir()
+    monkeypatch.setenv("MTPCLI_PROFILE_DIR", str(d))
+    return d

@@ -29,14 +29,6 @@ def gen(tiny_paths):
     return ["generate", "-m", tiny_paths["target"], "--max-tokens", 3, "-q", "--no-chat"]
 
 
-@pytest.fixture
-def udir(tmp_path, monkeypatch):
-    d = tmp_path / "profiles"
-    d.mkdir()
-    monkeypatch.setenv("MTPCLI_PROFILE_DIR", str(d))
-    return d
-
-
 # ---- item 4: internal errors on ordinary input ---------------------------------------------------
 
 def test_invalid_utf8_in_prompt_and_system_is_replaced_with_a_warning_naming_the_flag(tiny_paths, gen, tmp_path):

@@ -19,6 +19,7 @@ from mtpcli.errors import ModelError, UsageError
 from mtpcli.gguf_convert import cache_dir, convert
 from test_fetch import fake_index  # noqa: F401  (fixture reuse)
 from test_gguf import source, write_gguf  # noqa: F401
+from test_faults_store import _main
 
 
 @pytest.fixture(scope="module")
@@ -35,22 +36,6 @@ def _one_line(r, code, *names):
     assert r.returncode == code and err.count("\n") == 1 and err.startswith("mtpcli: error: "), err
     assert all(str(n) in err for n in names), err
     return err
-
-
-def _main(monkeypatch, capsys, *args):
-    """`mtpcli ARGS` in this process (so a test can make a write fail): (exit status, stdout, stderr)."""
-    from mtpcli import cli
-
-    monkeypatch.setenv("MTPCLI_BLAS", "reference")  # main() never re-executes the test process
-    monkeypatch.setattr(sys, "argv", ["mtpcli", *map(str, args)])
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as e:
-            cli.main()
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def _snapshot(folder):

@@ -27,14 +27,6 @@ def model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("faults") / "m")
 
 
-@pytest.fixture
-def udir(tmp_path, monkeypatch):
-    d = tmp_path / "profiles"
-    d.mkdir()
-    monkeypatch.setenv("MTPCLI_PROFILE_DIR", str(d))
-    return d
-
-
 def _one_line(r, code=2):
     err = r.stderr.decode()
     assert r.returncode == code and err.count("\n") == 1 and err.startswith("mtpcli: error: "), err

@@ -11,14 +11,6 @@ from mtpcli.config import SCHEMA
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def udir(tmp_path, monkeypatch):
-    d = tmp_path / "userprofiles"
-    d.mkdir()
-    monkeypatch.setenv("MTPCLI_PROFILE_DIR", str(d))
-    return d
-
-
 def test_every_shipped_profile_loads_validates_and_says_what_it_is_for():
     names = set(profiles.available())
     assert {"exact", "typical-0.09", "typical-0.20", "adaptive", "fixed-4", "agent-json", "ngram"} <= names
