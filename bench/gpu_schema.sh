@@ -12,10 +12,10 @@ for pass in 1 2; do
   for arm in spec plain free; do
     case $arm in spec) a="--prompts-jsonl $S/schema.jsonl";; plain) a="--prompts-jsonl $S/schema.jsonl --draft none";;
       free) a="--prompts-jsonl $S/plain.jsonl";; esac
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N)
     python3 -m mtpcli generate -m $M $a --max-tokens 160 --batch-size 1 --format jsonl --no-log \
       --stats-json "$OUT/$arm.$pass.stats.json" > "$OUT/$arm.$pass.out" 2> "$OUT/$arm.$pass.err"
-    echo "pass $pass $arm rc=$? wall $(echo "$(date +%s.%N) - $t0" | bc) s"
+    rc=$?; echo "pass $pass $arm rc=$rc wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
   done
 done
 for arm in spec plain free; do cp "$OUT/$arm.2.out" "$OUT/$arm.out"; done
