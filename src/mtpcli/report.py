@@ -164,7 +164,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     if compare:
         if len(compare) != 2:
             raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
-        by_id = all(x.isdigit() for x in compare)
+        by_id = all(re.fullmatch("[0-9]+", x) for x in compare)  # (not isdigit: '²' is a digit, not a number)
         sides = [[r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)] for key in compare]
         if (empty := next((key for key, side in zip(compare, sides) if not side), None)) is not None:
             raise UsageError(f"--compare {empty}: no matching runs in the log")
