@@ -32,3 +32,12 @@ def test_profile_list_to_a_full_stdout_is_one_line_and_exit_io():
                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=120)
     err = r.stderr.decode()
     assert r.returncode == EXIT_IO and err == "mtpcli: error: stdout: No space left on device\n", err
+
+
+def test_every_settings_key_is_recorded_and_filed_under_one_panel():
+    from mtpcli.config import SCHEMA, Config
+    from mtpcli.options import PANELS
+
+    assert set(Config().record()) == {"profile", "law", *SCHEMA}  # the run log can replay any run
+    filed = [k for keys in PANELS.values() for k in keys]
+    assert sorted(filed) == sorted(SCHEMA)  # each key once, none under "Options"

@@ -133,11 +133,8 @@ class Config:
         return "greedy" if self.temp == 0 else "typical" if self.typical_threshold > 0 else "exact"
 
     def record(self) -> dict[str, Any]:
-        """What the run log and --stats-json keep of the settings."""
-        keep = ("model", "draft_model", "draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "temp",
-                "top_p", "top_k", "min_p", "seed", "max_tokens", "typical_threshold", "typical_eps", "history",
-                "tree", "tree_children", "prefill_cache")
-        return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in keep}}
+        """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed."""
+        return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in SCHEMA}}
 
 
 @dataclass(frozen=True)
