@@ -348,15 +348,12 @@ def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change
     assert gained.conf == {"model": [0.8, 50.0]} and gained.accept == kept.accept  # a confidence it lacked: learnt
 
 
-def test_a_table_kept_by_the_previous_version_is_read():
+def test_a_table_of_an_earlier_format_is_not_read_and_the_prior_is_used():
+    from mtpcli.assemble import _kept
+
     old = {"plain": 0.3, "step": 0.34, "per_token": {"ngram": 0.04, "model": 0.17}, "fixed": {"model": 0.16},
-           "accept": {"model": [0.9, 0.8]}, "visits": {"model": [30.0, 10.0]}, "shift": {"ngram": [1.1, 68.0]},
-           "conf": {"model": [0.9, 12.0]}}
-    got = Costs.from_dict(old)
-    assert got.step == 0.34 and got.fixed == {"model": pytest.approx(0.12), "ngram": 0.0}  # its intercept moved
-    assert got.time("model", 2) == pytest.approx(0.3 + 0.16 + 2 * 0.17)  # the same cycle as it charged
-    assert got.accept == {"model": [pytest.approx(0.875), 40.0]} and got.shift == {"ngram": [1.1, 68.0]}
-    assert Costs.from_dict({"plain": 1.0, "per_token": {}}).step == 1.0  # (before there was a step)
+           "accept": {"model": [0.9, 0.8]}, "visits": {"model": [30.0, 10.0]}}  # (no `runs`: before it was kept)
+    assert _kept(old) is None and _kept({"plain": 1.0, "per_token": {}}) is None
 
 
 # ---- the engine with two sources on tiny models -----------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_a_recurrent_draft_model_rolls_back_by_snapshot(tiny, hybrid):
     drafter = ModelDrafter(hybrid.model)
     spec, eng = collect(target, drafter, FixedWidth(3), (), "abcabcab", n=2, max_tokens=40)
     assert spec == plain
-    assert 0 < eng.stats.accepted < eng.stats.drafted and drafter.lm.replayed_tokens > 0
+    assert 0 < eng.stats.accepted < eng.stats.drafted  # (rejections: rolled back, the same tokens)
     sp = SamplingParams(temp=1.0)
     ids = list(target.tokenizer.encode("abcabcab"))
     p1, p2 = target_marginals(target, ids, sp)

@@ -92,7 +92,6 @@ class LM:
         self._snap = None  # recurrent rows: (write, states) before the speculative tokens, and what was fed since
         self._fed: list[mx.array] = []
         self._prefix: tuple | None = None  # the last prefilled prompt: (tokens, layout, caches, hidden)
-        self.replayed_tokens = 0
         self.reused = False  # the last set_row took its prompt from the previous prefill
         self.shelf = None  # prefix.Shelf: this model's prefills kept across runs (generate attaches it)
         self.cached = 0  # tokens of the last prefill taken from the shelf
@@ -354,7 +353,6 @@ class LM:
         self._snap, self._fed = None, []
         if replay.shape[1]:
             self._run(replay, None, "none")
-            self.replayed_tokens += replay.shape[1]
 
     def keep_path(self, before: np.ndarray, paths: list[list[int]]) -> None:
         """After a tree block of n positions: row b keeps its root and the nodes at positions paths[b], moved to
