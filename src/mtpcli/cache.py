@@ -64,6 +64,18 @@ def tap(model, layers: tuple[int, ...]) -> dict:
     return sink
 
 
+def in_chunks(feed, n: int, step: int, state, start: int = 0, leave: int = 0) -> int:
+    """Feed positions start..n in chunks of `step` (`feed(i, j)`: positions i..j), each evaluated before the next
+    (`state()`: the arrays it leaves), while more than `leave` are left; returns where the rest starts. (A long
+    backlog in one pass would hold every position's activations at once.)"""
+    while n - start > leave:
+        end = min(start + step, n)
+        feed(start, end)
+        mx.eval(state())
+        start = end
+    return start
+
+
 class LM:
     """A model over B rows of caches: prefill a row (a repeated prompt is prefilled once), feed blocks, keep
     per-row prefixes (trim, holes, or snapshot + replay)."""
@@ -149,6 +161,10 @@ class LM:
             c.apply(lambda a: a[idx])
         self._tidy()  # the rows that held the leading slots may have left
 
+    def states(self) -> list:
+        """The caches' arrays (what `in_chunks` evaluates)."""
+        return [getattr(c, "state", []) for c in self.caches]
+
     def _kv(self) -> list[RowKV]:
         return [c for c in self.caches if isinstance(c, RowKV)]
 
@@ -163,19 +179,21 @@ class LM:
         hidden = []
         shelf = self.shelf if "native" not in self.kinds else None  # (opaque caches are not kept)
         self.cached = self._restore(tokens, layout, caches, hidden) if shelf else 0
-        step = self.prefill_step
-        last = len(tokens) // step * step  # the last chunk boundary: its state is kept for later runs
+        last = len(tokens) // self.prefill_step * self.prefill_step  # the last chunk boundary: kept for later runs
         self._aim()
-        for i in range(self.cached, len(tokens), step):
-            chunk = mx.array(tokens[i : i + step])[None]
+
+        def feed(i, j):
+            chunk = mx.array(tokens[i:j])[None]
             layout.begin(chunk.shape[1], None)
             h = self.parts[0](chunk, cache=caches) if self.parts else self.model(chunk, cache=caches)
             layout.end()
             if self.keep_hidden:
                 hidden.append(self._kept(h))
-            mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
-            if shelf and i + step == last:
+            if shelf and j == last:
                 shelf.keep(tokens[:last], self._state(caches, hidden, last), self.trims)
+
+        in_chunks(feed, len(tokens), self.prefill_step,
+                  lambda: [getattr(c, "state", []) for c in caches] + hidden[-1:], self.cached)
         hidden = mx.concatenate(hidden, axis=1) if hidden else None
         self._prefix = None
         if keep and "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time

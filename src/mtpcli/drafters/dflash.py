@@ -11,6 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..cache import in_chunks
 from ..sampling import SamplingParams, probs, sample
 from . import Draft, HeadDrafter, empty
 
@@ -26,11 +27,12 @@ class DFlashDrafter(HeadDrafter):
         if (padded := self._padded()) is None:
             return
         states, _, valid = padded
-        for i in range(0, valid.shape[1], self.prefill_step):
-            self.io.hidden = states[:, i : i + self.prefill_step]
-            self.lm.forward(mx.zeros(valid[:, i : i + self.prefill_step].shape, mx.int32),
-                            valid[:, i : i + self.prefill_step], last=True)
-            mx.eval([c.state for c in self.lm.caches])
+
+        def feed(i, j):
+            self.io.hidden = states[:, i:j]
+            self.lm.forward(mx.zeros(valid[:, i:j].shape, mx.int32), valid[:, i:j], last=True)
+
+        in_chunks(feed, valid.shape[1], self.prefill_step, self.lm.states)
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         self._write()
