@@ -12,8 +12,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import in_chunks
-from ..sampling import SamplingParams, probs, sample
-from . import Draft, HeadDrafter, empty
+from ..sampling import SamplingParams, probs
+from . import Draft, HeadDrafter, drawing, empty
 
 
 class DFlashDrafter(HeadDrafter):
@@ -50,7 +50,5 @@ class DFlashDrafter(HeadDrafter):
             return Draft(mx.argmax(logits, axis=-1).astype(mx.int32), None, caps, list(caps))
         V = logits.shape[-1]
         q = probs(logits.reshape(B * k, V), sp).reshape(B, k, V)
-        row_keys = [mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]  # a row's own: as alone
-        tokens = mx.stack([mx.concatenate([sample(q[b, j], row_keys[b][j]).reshape(1) if j < caps[b] else
-                                           mx.argmax(q[b, j]).reshape(1) for j in range(k)]) for b in range(B)])
-        return Draft(tokens.astype(mx.int32), q, caps, list(caps))
+        draw = drawing(keys, caps)
+        return Draft(mx.stack([draw(q[:, j], j) for j in range(k)], axis=1), q, caps, list(caps))
