@@ -41,3 +41,13 @@ def test_every_settings_key_is_recorded_and_filed_under_one_panel():
     assert set(Config().record()) == {"profile", "law", *SCHEMA}  # the run log can replay any run
     filed = [k for keys in PANELS.values() for k in keys]
     assert sorted(filed) == sorted(SCHEMA)  # each key once, none under "Options"
+
+
+def test_a_table_without_rows_prints_its_headers():  # (`prefill list` with nothing kept crashed)
+    import io
+
+    from mtpcli.tables import table
+
+    out = io.StringIO()
+    table(["model", "size"], [], out, tty=False)
+    assert out.getvalue() == "model  size\n"

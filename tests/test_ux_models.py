@@ -110,7 +110,7 @@ def test_hub_id_in_the_cache_is_inspected_from_its_snapshot(cli, tmp_path, tiny_
 # ---- 3. models list: sizes; models rm ------------------------------------------------------------------------
 @pytest.fixture
 def model_cache(tiny_paths):
-    from mtpcli.gguf_convert import cache_dir
+    from mtpcli.fetch import cache_dir
 
     cache_dir().mkdir(parents=True)
     _copy(tiny_paths["target"], cache_dir() / "smollm2-135m")

