@@ -128,7 +128,7 @@ def main():
 
     def auto(costs):
         d = AutoDrafter(sources())
-        return d, AutoPolicy(["lookup", "model"], 8, costs, d.lookahead, warm=costs is not prior)
+        return d, AutoPolicy(["lookup", "model"], 8, costs, d.available_of, warm=costs is not prior)
 
     arms = {
         "plain": lambda: (None, FixedWidth(0)),

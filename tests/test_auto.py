@@ -85,7 +85,7 @@ def test_a_rows_estimates_are_calibrated_by_how_its_drafts_fared():
     assert p.shift("ngram", 0) > 1.0 > -0.1 > p.shift("ngram", 1)
     assert p.expected("ngram", 4, 0, [0.3] * 4) > 2.0 > 1.3 > p.expected("ngram", 4, 1, [0.3] * 4)
     assert p.plan([[0], [0]])[0] == "ngram"  # one plan for the batch, on the rows' own estimates
-    assert p.floor("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
+    assert p.stop("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
     p.keep([1])  # row 0 left: its evidence goes with it
     assert p.shift("ngram", 0) < -0.1 and p.plan([[0]]) == (None, 0)
     kept = p.measured()  # the run's shift, over every row's tokens (24 passed, 6 rejected), is kept for the next run
@@ -111,16 +111,16 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
 
 
 def test_the_floor_is_what_a_token_must_bring_to_match_plain_steps():
-    keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).floor("model")
+    keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).stop("model")
     assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
     assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
-    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model")[1] == 0.95  # never drafts for nothing
+    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).stop("model")[1] == 0.95  # never drafts for nothing
     # once a plan expects more than plain steps give, a token must match that rate (the best plan's): n-gram
     # lookup sure of 6 tokens makes 7 tokens in 0.8 s
     p = AutoPolicy(["ngram", "model"], 6, Costs(0.5, {"ngram": 0.05, "model": 0.3}),
                    lambda s, c, k: [[0.999999] * k] if s == "ngram" else None, warm=True)
     assert p.plan([[0]]) == ("ngram", 6)
-    keep, go_on, _ = p.floor("model")
+    keep, go_on, _ = p.stop("model")
     assert keep == pytest.approx(0.05 * 7 / 0.8, rel=1e-3) and go_on == 0.95
 
 
@@ -361,7 +361,7 @@ def test_a_table_of_an_earlier_format_is_not_read_and_the_prior_is_used():
 def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.lookahead, warm=True,  # no calibration steps
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available_of, warm=True,  # no calibration steps
                      stops=["model"])  # as assemble.auto_policy: the model is asked for its widest, and its plans
     #                                    say where it stops (Plan.stop: where the draft is unsure)
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
@@ -399,7 +399,7 @@ def test_auto_greedy_is_token_identical_on_windowed_and_hybrid_targets(tiny, tmp
     ids = list(target.tokenizer.encode("abcabcabcabc"))
     plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.lookahead, warm=True,
+    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available_of, warm=True,
                                                    stops=["model"]), (),
                  DecodeConfig(max_tokens=60))
     assert run(eng, ids) == plain
@@ -457,7 +457,7 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
     assert 0.05 < eng.stats.acceptance_rate < 0.98
-    assert 20 < eng.stats.floor_cut < used["model"] + used["ngram"]  # the floor cut some drafts short, not all
+    assert 20 < eng.stats.cut_short < used["model"] + used["ngram"]  # the floor cut some drafts short, not all
     assert len({round(d, 6) for d in eng.shifts}) > 3  # rows' shifts of the kept one moved with their earlier cycles
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
@@ -626,7 +626,7 @@ def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):
     plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model, prefill_step=3)})
     pol = AutoPolicy(["ngram", "model"], 4, Costs(1.0, {"ngram": 0.01, "model": 0.2}, accept={"model": [0.99, 9.0]}),
-                     drafter.lookahead)
+                     drafter.available_of)
     eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=60))
     assert run(eng, ids) == plain
     assert eng.stats.sources["ngram"].cycles and eng.stats.sources["model"].cycles

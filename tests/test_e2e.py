@@ -34,7 +34,7 @@ PAYS = Costs(1.0, {"ngram": 0.5, "model": 0.1}, accept={"model": [0.95, 100.0]},
 def deferred_engine(pair, costs, sp=SamplingParams(), max_tokens=48, batch_size=1, drafter_cls=ModelDrafter):
     target, draft = pair
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": drafter_cls(draft.model, defer=True)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.lookahead, warm=True, stops=["model"],
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available_of, warm=True, stops=["model"],
                      prefills=["model"], backlog=drafter.backlogs)
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens), batch_size)
 
@@ -92,7 +92,7 @@ def test_an_eager_draft_model_prefills_the_prompt_at_the_start_and_counts_it(tin
     target, draft = tiny
     ids = list(target.tokenizer.encode(PROMPT))
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, PAYS, drafter.lookahead, warm=True, stops=["model"])
+    pol = AutoPolicy(["ngram", "model"], 4, PAYS, drafter.available_of, warm=True, stops=["model"])
     eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=6))
     assert run(eng, ids) == plain(tiny, ids, 6)
     assert eng.stats.draft_prefill_tokens == len(ids) - 1 and eng.stats.sources["model"].cycles  # (no gate)

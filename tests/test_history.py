@@ -189,7 +189,7 @@ def test_a_batch_under_auto_with_answers_shared_mid_run_is_greedy_identical(tiny
         want.append([t for ev in plain.generate([Request(0, i, n, 0)]) for t in ev.tokens])
     store = store_of(doc(want[1][:20]))
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "history": HistoryDrafter(store)})
-    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.lookahead,
+    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.available_of,
                      warm=True)
     eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=50), batch_size=3)
     outs = [[] for _ in prompts]

@@ -137,7 +137,7 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     prefills = [n for n, d in drafter.sources.items() if d.defer]  # a deferred draft model
-    return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,
+    return AutoPolicy(names, cfg.n_max, prior, drafter.available_of, widest=dict(cfg.widest), stops=stops,
                       rebase=rebase, prefills=prefills, backlog=drafter.backlogs)
 
 

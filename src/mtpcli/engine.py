@@ -408,7 +408,7 @@ class Engine:
         stop = next((i for i, t in enumerate(new) if t in self.eos), None)
         counted = new if stop is None else new[: stop + 1]  # nothing after an EOS counts
         run = r.run
-        run.floor_cut += k < requested
+        run.cut_short += k < requested
         run.record_cycle(k, min(n, len(counted)), len(counted), source, seconds)
         run.forced_tokens += min(n, len(counted)) if source == FORCED else 0
         if typical:
@@ -420,7 +420,7 @@ class Engine:
         if r.done:
             run.peak_memory_bytes = mx.get_peak_memory()
             # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
-            run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
+            run.width_estimate = self.policy.estimate(b) if self.drafter.speculates else None
         incomplete = r.done and self.guide is not None and not self.guide.complete(b)
         self.incomplete += incomplete
         yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None, incomplete)

@@ -91,7 +91,7 @@ class RunStats(_Drafts):
     draft_widths: Counter = field(default_factory=Counter)
     width_trace: list[int] = field(default_factory=list)
     tpc_trace: list[int] = field(default_factory=list)
-    floor_cut: int = 0  # drafts cut short by the draft's confidence floor (p_min, or auto's cost floor)
+    cut_short: int = 0  # drafts a stop cut short (p_min's confidence cut, or auto's stop: policy.stop)
     prefill_s: float = 0.0  # the target's prompt prefill
     prefill_tokens: int = 0
     draft_prefill_s: float = 0.0  # the draft model's: its prompt at the start, and a backlog it caught up on later
@@ -100,7 +100,7 @@ class RunStats(_Drafts):
     load_s: float | None = None  # loading the models (the run's, not a completion's)
     ttft_s: float | None = None
     peak_memory_bytes: int = 0
-    controller_estimate: float | None = None
+    width_estimate: float | None = None  # the width policy's (record key: controller_estimate)
     typical: dict[str, Any] | None = None
     shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
     prompt_cached_tokens: int = 0  # prompt tokens the target took from kept prefills (prefix.py)
@@ -134,7 +134,7 @@ class RunStats(_Drafts):
     def merge(self, other: "RunStats") -> "RunStats":
         """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
-        for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
+        for name in ("generated_tokens", "cycles", "drafted", "accepted", "cut_short", "prefill_s", "prefill_tokens",
                      "draft_prefill_s", "draft_prefill_tokens", "prompt_cached_tokens", "draft_cached_tokens",
                      "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
                      "source_trace", "trees", "forced_tokens"):
@@ -147,7 +147,7 @@ class RunStats(_Drafts):
         out.ttft_s = min((t for t in (self.ttft_s, other.ttft_s) if t is not None), default=None)
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
         out.load_s = self.load_s if self.load_s is not None else other.load_s
-        out.controller_estimate = other.controller_estimate
+        out.width_estimate = other.width_estimate
         out.typical = self.typical or other.typical
         return out
 
@@ -186,8 +186,8 @@ class RunStats(_Drafts):
               "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps, "ttft_s": self.ttft_s,
               "load_s": self.load_s, "prefill_s": self.prefill_s, "draft_prefill_s": self.draft_prefill_s,
               "draft_prefill_tokens": self.draft_prefill_tokens, "decode_s": self.decode_s,
-              "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.floor_cut,
-              "controller_estimate": self.controller_estimate, "width_trace": self.width_trace,
+              "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.cut_short,
+              "controller_estimate": self.width_estimate, "width_trace": self.width_trace,
               "tokens_per_cycle_trace": self.tpc_trace,
               "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
               "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,
