@@ -110,7 +110,7 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
     assert p.plan([[0]]) == ("ngram", 8)
 
 
-def test_the_floor_is_what_a_token_must_bring_to_match_plain_steps():
+def test_the_stop_is_what_a_token_must_bring_to_match_plain_steps():
     keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).stop("model")
     assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
     assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
@@ -152,8 +152,8 @@ def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_is_not_wo
     assert autoregress(step, [6], greedy, [None], go_on=0.5).lengths == [4]
     assert len(step.calls) == 4  # no step run to be thrown away
     assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], keep=0.5, go_on=0.5).lengths == [3]
-    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no floor: as asked
-    # a batch drafts on together while its rows' chances, on average, stay above the floor
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no stop: as asked
+    # a batch drafts on together while its rows' chances, on average, stay above the stop
     d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, go_on=0.5)
     assert d.lengths == [4, 4] and d.requested == [4, 4] and d.tokens[1].tolist() == [0, 1, 2, 3]
     unsure = [[0.99, 0.3, 0.9, 0.9], [0.99, 0.4, 0.9, 0.9]]  # both at the second position: (0.37 + 0.46) / 2
@@ -181,10 +181,10 @@ def test_drafted_tokens_are_counted_censored_and_a_draft_cut_short_as_rejected_w
         p.update([drafted], [accepted], source="model", requested=[requested])
         return p.seen["model"]
 
-    assert seen(2, 2, 4) == [2, 3]  # cut at 2 by the floor, both passed: 3 tokens, as a rejection at 2 gives
+    assert seen(2, 2, 4) == [2, 3]  # cut at 2 by the stop, both passed: 3 tokens, as a rejection at 2 gives
     assert seen(2, 2, 2) == [2, 2]  # as asked, all passed: nothing past it was tested (censored)
     assert seen(4, 1, 4) == [1, 2]  # rejected at 1: nothing counted past it
-    assert seen(0, 0, 3) == [0, 1]  # the floor dropped every token: rejected at the first
+    assert seen(0, 0, 3) == [0, 1]  # the stop dropped every token: rejected at the first
     p = policy()
     for _ in range(3):
         p.update([3], [1], source="model", seconds=1.0)
@@ -415,20 +415,20 @@ def test_readme_documents_auto_and_its_statistics():
         assert text in readme, text
 
 
-def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, floor=None):
+def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, stop=None):
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
     eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
-    if floor is not None:  # floors of the draft model's chance higher than the policy's, so that they cut often;
+    if stop is not None:  # stops at the draft model's chance higher than the policy's, so that they cut often;
         shifts = eng.shifts = []  # each row's shift as the policy fits it (from the row's earlier cycles)
 
-        policy_floor = eng.policy.floor
+        policy_stop = eng.policy.stop
 
-        def floored(source):
-            shift = policy_floor(source)[2]
+        def stopping(source):
+            shift = policy_stop(source)[2]
             shifts.extend(shift)
-            return (*floor, shift)
-        eng.policy.floor = floored
+            return (*stop, shift)
+        eng.policy.stop = stopping
     arr = np.array([o[:2] for o in run(eng, ids, N)])
     return ids, arr[:, 0], arr[:, 1], eng
 
@@ -452,12 +452,12 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     judge = verify.judge
     monkeypatch.setattr(verify, "judge", lambda *a, **k: redone.append(a[-1] or None) or judge(*a, **k))
     target, _ = tiny
-    ids, first, second, eng = pairs(tiny, sp, TWO, floor=(0.3, 0.45))
+    ids, first, second, eng = pairs(tiny, sp, TWO, stop=(0.3, 0.45))
     p1, p2 = target_marginals(target, ids, sp)
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
     assert 0.05 < eng.stats.acceptance_rate < 0.98
-    assert 20 < eng.stats.cut_short < used["model"] + used["ngram"]  # the floor cut some drafts short, not all
+    assert 20 < eng.stats.cut_short < used["model"] + used["ngram"]  # the stop cut some drafts short, not all
     assert len({round(d, 6) for d in eng.shifts}) > 3  # rows' shifts of the kept one moved with their earlier cycles
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
