@@ -358,18 +358,18 @@ def test_a_table_of_an_earlier_format_is_not_read_and_the_prior_is_used():
 
 # ---- the engine with two sources on tiny models -----------------------------------------------------------------
 
-def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
+def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, drafter_cls=AutoDrafter):
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
     pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available_of, warm=True,  # no calibration steps
                      stops=["model"])  # as assemble.auto_policy: the model is asked for its widest, and its plans
     #                                    say where it stops (Plan.stop: where the draft is unsure)
-    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
+    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp),
                   batch_size)
 
 
-def run(eng, ids, n=1):
-    return helpers.run(eng, copies(ids, n, eng.cfg.max_tokens, eng.cfg.seed))
+def run(eng, ids, n=1, max_tokens=48):
+    return helpers.run(eng, copies(ids, n, max_tokens, 0))
 
 
 BOTH = Costs(1.0, {"ngram": 0.02, "model": 0.05})  # both sources pay on the tiny pair
@@ -380,7 +380,7 @@ def test_auto_greedy_is_token_identical_to_plain_decoding(tiny):
     used = set()
     for prompt in PROMPTS + ["abcabcabcabc"]:
         ids = list(target.tokenizer.encode(prompt))
-        plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=48))
+        plain = Engine(target.model, None, None, (), DecodeConfig())
         eng = auto_engine(tiny, BOTH)
         assert run(eng, ids) == run(plain, ids)
         used |= {s for s, st in eng.stats.sources.items() if st.cycles}
@@ -397,12 +397,12 @@ def test_auto_greedy_is_token_identical_on_windowed_and_hybrid_targets(tiny, tmp
     target = models.load(str(make_target(kind, tmp_path)))
     _, draft = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
+    plain = run(Engine(target.model, None, None, (), DecodeConfig()), ids, max_tokens=60)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
     eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available_of, warm=True,
                                                    stops=["model"]), (),
-                 DecodeConfig(max_tokens=60))
-    assert run(eng, ids) == plain
+                 DecodeConfig())
+    assert run(eng, ids, max_tokens=60) == plain
     assert eng.stats.drafted > 0 and eng.stats.cycles < eng.stats.generated_tokens  # it really speculated
 
 
@@ -418,7 +418,7 @@ def test_readme_documents_auto_and_its_statistics():
 def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, stop=None):
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
-    eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
+    eng = auto_engine(tiny, costs, sp, batch_size=250, drafter_cls=drafter_cls)
     if stop is not None:  # stops at the draft model's chance higher than the policy's, so that they cut often;
         shifts = eng.shifts = []  # each row's shift as the policy fits it (from the row's earlier cycles)
 
@@ -429,7 +429,7 @@ def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, stop=
             shifts.extend(shift)
             return (*stop, shift)
         eng.policy.stop = stopping
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     return ids, arr[:, 0], arr[:, 1], eng
 
 
@@ -479,8 +479,8 @@ def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypat
     sp = SamplingParams(temp=1.0, top_p=0.8)
     target, _ = tiny
     ids = list(target.tokenizer.encode("the sea is "))
-    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), sp, batch_size=1, max_tokens=3)
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), sp, batch_size=1)
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     probes = eng.stats.cycles - eng.stats.sources["plain"].cycles  # (each source drafts 3 times, at cycles 8, 16, ...)
     assert probes <= 6 and eng.stats.cycles > 3 * N - 20  # no source pays at these costs: plain steps
     assert sum(chained) > 2 * N - 20 and len(discarded) > 50  # the 2nd and 3rd tokens' steps chained; some redone
@@ -501,13 +501,13 @@ def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkey
         time.sleep(0.05)
 
     monkeypatch.setattr(engine_mod.mx, "async_eval", computing)
-    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), max_tokens=8)  # plain steps only
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}))  # plain steps only
     secs, chained = [], []
     update, launch = eng.policy.update, eng._launch
     eng.policy.update = lambda *a, **k: secs.append(k["seconds"]) or update(*a, **k)
     eng._launch = lambda plan, after=None, fresh=False: chained.append(after is not None) or launch(plan, after, fresh)
     t0 = time.perf_counter()
-    run(eng, list(tiny[0].tokenizer.encode("the sea is ")))
+    run(eng, list(tiny[0].tokenizer.encode("the sea is ")), max_tokens=8)
     assert len(secs) == 8 and not chained[0] and all(chained[1:-1])  # a chain of plain steps
     assert all(0.045 < t < 0.09 for t in secs), secs  # was: the first ~0.1 (two passes), the last ~0
     assert sum(secs) <= time.perf_counter() - t0
@@ -568,10 +568,10 @@ def test_a_cold_run_that_re_bases_on_its_own_timings_is_distributed_as_the_targe
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    eng = auto_engine(tiny, Costs(1.0, {}), sp, batch_size=250, max_tokens=3)
+    eng = auto_engine(tiny, Costs(1.0, {}), sp, batch_size=250)
     eng.policy.use(prior_costs(["ngram", "model"], {"model": 0.25}, gpu=False), warm=False)
     eng.policy.rebase = 8
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     assert eng.policy.rebase == 0 and eng.policy.costs.step != 1.0  # it re-based: a table in seconds
     p1, p2 = target_marginals(target, ids, sp)
     assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
@@ -589,8 +589,8 @@ def test_negative_control_a_choice_that_sees_the_draft_fails(tiny):
 
 def test_statistics_per_source_add_up(tiny):
     target, _ = tiny
-    eng = auto_engine(tiny, BOTH, max_tokens=80)
-    run(eng, list(target.tokenizer.encode("abcabcabcabc")))
+    eng = auto_engine(tiny, BOTH)
+    run(eng, list(target.tokenizer.encode("abcabcabcabc")), max_tokens=80)
     st = eng.stats
     d = st.to_dict()
     assert sum(x["cycles"] for x in d["sources"].values()) == st.cycles == len(d["source_trace"])
@@ -611,8 +611,8 @@ def test_plain_decoding_with_the_partial_top_p_redoes_a_chained_step_and_stays_e
     target, _ = tiny
     sp = SamplingParams(temp=1.0, top_p=0.8)
     ids = list(target.tokenizer.encode("abcabcab"))
-    eng = Engine(target.model, None, None, (), DecodeConfig(sampling=sp, max_tokens=3), 250)
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    eng = Engine(target.model, None, None, (), DecodeConfig(sampling=sp), 250)
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
     assert discarded
     assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
@@ -623,12 +623,12 @@ def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):
     """With a tiny prefill step, the draft model catches up on what n-gram cycles committed in several chunks."""
     target, draft = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
+    plain = run(Engine(target.model, None, None, (), DecodeConfig()), ids, max_tokens=60)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model, prefill_step=3)})
     pol = AutoPolicy(["ngram", "model"], 4, Costs(1.0, {"ngram": 0.01, "model": 0.2}, accept={"model": [0.99, 9.0]}),
                      drafter.available_of)
-    eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=60))
-    assert run(eng, ids) == plain
+    eng = Engine(target.model, drafter, pol, (), DecodeConfig())
+    assert run(eng, ids, max_tokens=60) == plain
     assert eng.stats.sources["ngram"].cycles and eng.stats.sources["model"].cycles
 
 

@@ -88,7 +88,7 @@ def test_dflash_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(pairs, k
         assert spec == plain and eng.stats.drafted > 0
     tok = target.tokenizer
     alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=24)[0][0] for p in prompts]
-    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=24), 2)
+    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(), 2)
     assert run(eng, [Request(i, list(tok.encode(p)), 24, 0, 0) for i, p in enumerate(prompts)]) == alone
 
 
@@ -169,7 +169,7 @@ def test_dflash_on_a_hybrid_target_is_greedy_identical_and_a_batch_row_samples_a
     sp, tok = SamplingParams(temp=1.0), target.tokenizer
     reqs = [Request(0, list(tok.encode(PROMPT)), 6, 5), Request(1, list(tok.encode("x = 1")), 30, 7)]
     alone = [[t for ev in Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (),
-                                 DecodeConfig(max_tokens=30, sampling=sp)).generate([r]) for t in ev.tokens]
+                                 DecodeConfig(sampling=sp)).generate([r]) for t in ev.tokens]
              for r in reqs]
-    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=30, sampling=sp), 2)
+    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(sampling=sp), 2)
     assert run(eng, reqs) == alone

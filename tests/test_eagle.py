@@ -131,7 +131,7 @@ def test_eagle3_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(heads, k
 
     tok = target.tokenizer
     alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=30)[0][0] for p in prompts]
-    eng = Engine(target.model, EagleDrafter(head.model), FixedWidth(3), (), DecodeConfig(max_tokens=30), 2)
+    eng = Engine(target.model, EagleDrafter(head.model), FixedWidth(3), (), DecodeConfig(), 2)
     outs = run(eng, [Request(i, list(tok.encode(p)), 30, 0, 0) for i, p in enumerate(prompts)])
     assert outs == alone and eng.stats.accepted > 0
 
@@ -143,7 +143,7 @@ def test_eagle3_greedy_trees_equal_plain_decoding(heads):
     d.nodes, d.children = 8, 3
     from mtpcli.engine import DecodeConfig, Engine, Request
 
-    eng = Engine(target.model, d, FixedWidth(4), (), DecodeConfig(max_tokens=40))
+    eng = Engine(target.model, d, FixedWidth(4), (), DecodeConfig())
     eng.target.allow_trees()
     out = [t for ev in eng.generate([Request(0, list(target.tokenizer.encode(PROMPT)), 40, 0)]) for t in ev.tokens]
     assert out == plain[0] and eng.stats.trees["cycles"] > 0
@@ -156,7 +156,7 @@ def sampled(heads, sp, tree=False, batch_size=250):
         d.nodes, d.children = 6, 3
     from mtpcli.engine import DecodeConfig, Engine
 
-    eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(max_tokens=3, sampling=sp), batch_size)
+    eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(sampling=sp), batch_size)
     if tree:
         eng.target.allow_trees()
     ids = list(target.tokenizer.encode(PROMPT))

@@ -30,8 +30,8 @@ from .sampling import SamplingParams
 
 
 def decode_config(cfg: Config) -> DecodeConfig:
-    return DecodeConfig(SamplingParams(cfg.temp, cfg.top_p, cfg.top_k, cfg.min_p), cfg.max_tokens, cfg.seed,
-                        cfg.typical_threshold, cfg.typical_eps, cfg.prefill_step)
+    return DecodeConfig(SamplingParams(cfg.temp, cfg.top_p, cfg.top_k, cfg.min_p), cfg.typical_threshold,
+                        cfg.typical_eps, cfg.prefill_step)
 
 
 def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False):

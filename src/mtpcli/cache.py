@@ -65,9 +65,8 @@ def tap(model, layers: tuple[int, ...]) -> dict:
 
 
 def in_chunks(feed, n: int, step: int, state, start: int = 0, leave: int = 0) -> int:
-    """Feed positions start..n in chunks of `step` (`feed(i, j)`: positions i..j), each evaluated before the next
-    (`state()`: the arrays it leaves), while more than `leave` are left; returns where the rest starts. (A long
-    backlog in one pass would hold every position's activations at once.)"""
+    """Feed positions start..n in chunks of `step` (`feed(i, j)`: positions i..j), each evaluated (`state()`: the
+    arrays it leaves) before the next, while more than `leave` are left; returns where the rest starts."""
     while n - start > leave:
         end = min(start + step, n)
         feed(start, end)

@@ -31,9 +31,7 @@ FORCED_MAX = 16  # the most forced tokens a row drafts in a cycle (each is sure 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    sampling: SamplingParams = SamplingParams()
-    max_tokens: int = 256
-    seed: int = 0
+    sampling: SamplingParams = SamplingParams()  # (a request carries its own max_tokens and seed)
     typical_threshold: float = 0.0  # 0 = the exact law
     typical_eps: float = 1.0
     prefill_step: int = 512
