@@ -5,7 +5,6 @@ block are drawn independently, each from its own q: a flat target (logit scale 1
 
 import json
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -17,7 +16,7 @@ from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from helpers import collect, run, target_marginals
+from helpers import argmax_drafts, collect, run, target_marginals
 from tiny import make_dflash_drafter, make_model, make_windowed_model
 
 PROMPT = "def f(x):"
@@ -110,14 +109,7 @@ def test_dflash_is_exact_at_positive_temperature(pairs, sp):
 
 @pytest.mark.slow
 def test_negative_control_drafts_not_drawn_from_their_q_fail(pairs, monkeypatch):
-    propose = DFlashDrafter.propose
-
-    def argmax_drafts(self, *a, **kw):
-        d = propose(self, *a, **kw)
-        d.tokens = mx.argmax(d.q, axis=-1).astype(mx.int32)
-        return d
-
-    monkeypatch.setattr(DFlashDrafter, "propose", argmax_drafts)
+    argmax_drafts(monkeypatch, DFlashDrafter)
     (p1, p2), arr, _ = sampled(pairs, SamplingParams(temp=1.0))
     assert not (fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
 

@@ -20,7 +20,7 @@ from mtpcli.drafters.eagle import EagleDrafter
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from helpers import collect, copies, run, target_marginals
+from helpers import argmax_drafts, collect, copies, run, target_marginals
 from tiny import make_eagle3_head, make_model, make_windowed_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
@@ -178,14 +178,7 @@ def test_eagle3_is_exact_at_positive_temperature(heads, sp, tree):
 def test_negative_control_drafts_not_drawn_from_their_q_fail(heads, monkeypatch):
     """The head's most likely tokens judged as if drawn from its q (min(1, p/q) of a token q did not draw): the
     same test must reject it."""
-    propose = EagleDrafter.propose
-
-    def argmax_drafts(self, *a, **kw):
-        d = propose(self, *a, **kw)
-        d.tokens = mx.argmax(d.q, axis=-1).astype(mx.int32)
-        return d
-
-    monkeypatch.setattr(EagleDrafter, "propose", argmax_drafts)
+    argmax_drafts(monkeypatch, EagleDrafter)
     (p1, p2), arr, _ = sampled(heads, SamplingParams(temp=1.0))
     assert not (fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
 
