@@ -83,6 +83,15 @@ def argmax_drafts(monkeypatch, drafter_cls):
     monkeypatch.setattr(drafter_cls, "propose", proposed)
 
 
+def passes(monkeypatch) -> list[str]:
+    """The role of each model pass (cache.LM._run) from now on, in order."""
+    from mtpcli.cache import LM
+
+    calls, run = [], LM._run
+    monkeypatch.setattr(LM, "_run", lambda self, *a, **k: (calls.append(self.role), run(self, *a, **k))[1])
+    return calls
+
+
 def resampled_from_p(p, q, draft, keys, lengths=None, exact=verify.exact):
     """The negative control of verify.exact: a rejection resamples from p instead of the residual."""
     v = exact(p, q, draft, keys, lengths)

@@ -16,7 +16,7 @@ from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from helpers import argmax_drafts, collect, run, target_marginals
+from helpers import argmax_drafts, collect, passes, run, target_marginals
 from tiny import make_dflash_drafter, make_model, make_windowed_model
 
 PROMPT = "def f(x):"
@@ -116,11 +116,7 @@ def test_negative_control_drafts_not_drawn_from_their_q_fail(pairs, monkeypatch)
 
 def test_one_target_pass_per_cycle_and_a_context_of_committed_tokens_only(pairs, monkeypatch):
     target, d = load(pairs)
-    from mtpcli.cache import LM
-
-    calls = []
-    run = LM._run
-    monkeypatch.setattr(LM, "_run", lambda self, *a, **k: (calls.append(self.role), run(self, *a, **k))[1])
+    calls = passes(monkeypatch)
     seen = []
     propose = DFlashDrafter.propose
 

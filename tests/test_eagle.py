@@ -20,7 +20,7 @@ from mtpcli.drafters.eagle import EagleDrafter
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from helpers import argmax_drafts, collect, copies, run, target_marginals
+from helpers import argmax_drafts, collect, copies, passes, run, target_marginals
 from tiny import make_eagle3_head, make_model, make_windowed_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
@@ -186,11 +186,7 @@ def test_negative_control_drafts_not_drawn_from_their_q_fail(heads, monkeypatch)
 def test_the_heads_states_come_from_the_verify_pass(heads, monkeypatch):
     """One target pass per cycle: the tapped states are taken in the pass that verifies, never a second one."""
     target, head = load(heads)
-    from mtpcli.cache import LM
-
-    calls = []
-    run = LM._run
-    monkeypatch.setattr(LM, "_run", lambda self, *a, **k: (calls.append(self.role), run(self, *a, **k))[1])
+    calls = passes(monkeypatch)
     _, eng = collect(target, EagleDrafter(head.model), FixedWidth(3), (), PROMPT, 1, max_tokens=30)
     assert calls.count("target model") == eng.stats.cycles and eng.stats.accepted > 0
 
