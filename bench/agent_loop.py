@@ -178,7 +178,7 @@ def main() -> None:
 
 def render(doc: dict) -> None:
     """One row per turn (wall s, and the time to first token in brackets), then the loop with its ratios."""
-    from mtpcli.stats import table
+    from mtpcli.tables import table
 
     names = [a["name"] for a in doc["arms"]]
     rows = [[f"{t['turn']} ({t['prompt_tokens']})"] + [f"{t['arms'][n]['wall_s']:.1f} s ({t['arms'][n]['ttft_s']:.1f})"

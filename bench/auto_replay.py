@@ -207,7 +207,7 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
         if source == "model" and k > 0:
             n = k
             if fixed is None and stops:  # the in-draft stop, as drafters.autoregress applies it
-                keep, go_on, shift = pol.floor("model")
+                keep, go_on, shift = pol.stop("model")
                 chance, chances = 1.0, []
                 for j in range(k):
                     raw = passes(qmax[t + j], greedy)
@@ -436,7 +436,7 @@ def first(args) -> None:
             def forcing(self, contexts, forced=forced):
                 p = plan(self, contexts)
                 if self.tick == 0:
-                    return policy.Plan(*forced, self.floor("model") if forced[0] == "model" else None)
+                    return policy.Plan(*forced, self.stop("model") if forced[0] == "model" else None)
                 return p
             policy.AutoPolicy.plan = forcing
             try:

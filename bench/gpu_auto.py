@@ -93,7 +93,7 @@ class Oracle(Drafter):
 
 
 def run(target, drafter, policy, prompt, tokens):
-    eng = Engine(target, drafter, policy, (), DecodeConfig(max_tokens=tokens))
+    eng = Engine(target, drafter, policy, (), DecodeConfig())
     out, t0 = [], time.perf_counter()
     for ev in eng.generate([Request(0, prompt, tokens, 0)]):
         out.extend(ev.tokens)
@@ -128,7 +128,7 @@ def main():
 
     def auto(costs):
         d = AutoDrafter(sources())
-        return d, AutoPolicy(["lookup", "model"], 8, costs, d.lookahead, warm=costs is not prior)
+        return d, AutoPolicy(["lookup", "model"], 8, costs, d.available_of, warm=costs is not prior)
 
     arms = {
         "plain": lambda: (None, FixedWidth(0)),

@@ -93,7 +93,7 @@ def decode(model, dist, width: int, oracle, prompt, tokens: int):
     from mtpcli.distributed.sharded import Follower, Peer
     from mtpcli.engine import DecodeConfig, Engine, Request
 
-    cfg = DecodeConfig(max_tokens=tokens)
+    cfg = DecodeConfig()
     root = dist is None or dist.root
     if root:
         drafter = oracle_proposer(oracle, len(prompt)) if width else None

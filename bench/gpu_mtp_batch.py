@@ -43,7 +43,7 @@ def mtp_head(shape: str, dtype):
 
 def batch_cycle(target, rows: int, width: int, ctx: int, cycles: int) -> float:
     drafter = FixedProposer() if width else None
-    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=10**6), batch_size=rows)
+    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(), batch_size=rows)
     reqs = [Request(i, [(i * 31 + j) % 1000 + 1 for j in range(ctx)], 10**6, i) for i in range(rows)]
     events = eng.generate(reqs)
     while eng.cycles < 3:  # warm

@@ -92,7 +92,7 @@ class FixedProposer(Drafter):
 
 
 def cycle_time(target, drafter, width: int, ctx: int, cycles: int, prompt: list[int] | None = None) -> float:
-    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=10**6))
+    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig())
     gen = eng.generate([Request(0, prompt or list(range(1, ctx + 1)), 10**6, 0)])
     for _ in range(3):  # warm
         next(gen)

@@ -76,7 +76,7 @@ class Recorded(Drafter):
 
 
 def run(target, drafter, width, prompt, tokens):
-    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(max_tokens=tokens))
+    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig())
     if drafter is not None and drafter.tree_on:
         eng.target.allow_trees()
     out, t0 = [], time.perf_counter()

@@ -1,5 +1,5 @@
 """What the tests share: the exact distribution of the first two tokens, an engine run gathered per request, and the
-negative control of the exact law (a rejection resampled from p instead of the residual)."""
+negative controls (a rejection resampled from p instead of the residual; a draft of q's argmaxes judged as drawn)."""
 
 import mlx.core as mx
 import numpy as np
@@ -68,6 +68,28 @@ def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, e
     ctrl = controller or FixedWidth(width if draft else 0)
     eos = target.tokenizer.eos_token_ids if eos is None else eos
     return collect(target, drafter, ctrl, eos, prompt, n, batch_size, **cfg)
+
+
+def argmax_drafts(monkeypatch, drafter_cls):
+    """The negative control of a sampled draft: `drafter_cls` proposes its q's most likely tokens as if drawn from q
+    (the law's min(1, p/q) of a token q did not draw)."""
+    propose = drafter_cls.propose
+
+    def proposed(self, *a, **kw):
+        d = propose(self, *a, **kw)
+        d.tokens = mx.argmax(d.q, axis=-1).astype(mx.int32)
+        return d
+
+    monkeypatch.setattr(drafter_cls, "propose", proposed)
+
+
+def passes(monkeypatch) -> list[str]:
+    """The role of each model pass (cache.LM._run) from now on, in order."""
+    from mtpcli.cache import LM
+
+    calls, run = [], LM._run
+    monkeypatch.setattr(LM, "_run", lambda self, *a, **k: (calls.append(self.role), run(self, *a, **k))[1])
+    return calls
 
 
 def resampled_from_p(p, q, draft, keys, lengths=None, exact=verify.exact):

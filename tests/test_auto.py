@@ -85,7 +85,7 @@ def test_a_rows_estimates_are_calibrated_by_how_its_drafts_fared():
     assert p.shift("ngram", 0) > 1.0 > -0.1 > p.shift("ngram", 1)
     assert p.expected("ngram", 4, 0, [0.3] * 4) > 2.0 > 1.3 > p.expected("ngram", 4, 1, [0.3] * 4)
     assert p.plan([[0], [0]])[0] == "ngram"  # one plan for the batch, on the rows' own estimates
-    assert p.floor("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
+    assert p.stop("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
     p.keep([1])  # row 0 left: its evidence goes with it
     assert p.shift("ngram", 0) < -0.1 and p.plan([[0]]) == (None, 0)
     kept = p.measured()  # the run's shift, over every row's tokens (24 passed, 6 rejected), is kept for the next run
@@ -110,17 +110,17 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
     assert p.plan([[0]]) == ("ngram", 8)
 
 
-def test_the_floor_is_what_a_token_must_bring_to_match_plain_steps():
-    keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).floor("model")
+def test_the_stop_is_what_a_token_must_bring_to_match_plain_steps():
+    keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).stop("model")
     assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
     assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
-    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).floor("model")[1] == 0.95  # never drafts for nothing
+    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).stop("model")[1] == 0.95  # never drafts for nothing
     # once a plan expects more than plain steps give, a token must match that rate (the best plan's): n-gram
     # lookup sure of 6 tokens makes 7 tokens in 0.8 s
     p = AutoPolicy(["ngram", "model"], 6, Costs(0.5, {"ngram": 0.05, "model": 0.3}),
                    lambda s, c, k: [[0.999999] * k] if s == "ngram" else None, warm=True)
     assert p.plan([[0]]) == ("ngram", 6)
-    keep, go_on, _ = p.floor("model")
+    keep, go_on, _ = p.stop("model")
     assert keep == pytest.approx(0.05 * 7 / 0.8, rel=1e-3) and go_on == 0.95
 
 
@@ -152,8 +152,8 @@ def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_is_not_wo
     assert autoregress(step, [6], greedy, [None], go_on=0.5).lengths == [4]
     assert len(step.calls) == 4  # no step run to be thrown away
     assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], keep=0.5, go_on=0.5).lengths == [3]
-    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no floor: as asked
-    # a batch drafts on together while its rows' chances, on average, stay above the floor
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no stop: as asked
+    # a batch drafts on together while its rows' chances, on average, stay above the stop
     d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, go_on=0.5)
     assert d.lengths == [4, 4] and d.requested == [4, 4] and d.tokens[1].tolist() == [0, 1, 2, 3]
     unsure = [[0.99, 0.3, 0.9, 0.9], [0.99, 0.4, 0.9, 0.9]]  # both at the second position: (0.37 + 0.46) / 2
@@ -181,10 +181,10 @@ def test_drafted_tokens_are_counted_censored_and_a_draft_cut_short_as_rejected_w
         p.update([drafted], [accepted], source="model", requested=[requested])
         return p.seen["model"]
 
-    assert seen(2, 2, 4) == [2, 3]  # cut at 2 by the floor, both passed: 3 tokens, as a rejection at 2 gives
+    assert seen(2, 2, 4) == [2, 3]  # cut at 2 by the stop, both passed: 3 tokens, as a rejection at 2 gives
     assert seen(2, 2, 2) == [2, 2]  # as asked, all passed: nothing past it was tested (censored)
     assert seen(4, 1, 4) == [1, 2]  # rejected at 1: nothing counted past it
-    assert seen(0, 0, 3) == [0, 1]  # the floor dropped every token: rejected at the first
+    assert seen(0, 0, 3) == [0, 1]  # the stop dropped every token: rejected at the first
     p = policy()
     for _ in range(3):
         p.update([3], [1], source="model", seconds=1.0)
@@ -348,31 +348,28 @@ def test_kept_acceptance_stays_put_under_sampling_noise_and_moves_on_real_change
     assert gained.conf == {"model": [0.8, 50.0]} and gained.accept == kept.accept  # a confidence it lacked: learnt
 
 
-def test_a_table_kept_by_the_previous_version_is_read():
+def test_a_table_of_an_earlier_format_is_not_read_and_the_prior_is_used():
+    from mtpcli.assemble import _kept
+
     old = {"plain": 0.3, "step": 0.34, "per_token": {"ngram": 0.04, "model": 0.17}, "fixed": {"model": 0.16},
-           "accept": {"model": [0.9, 0.8]}, "visits": {"model": [30.0, 10.0]}, "shift": {"ngram": [1.1, 68.0]},
-           "conf": {"model": [0.9, 12.0]}}
-    got = Costs.from_dict(old)
-    assert got.step == 0.34 and got.fixed == {"model": pytest.approx(0.12), "ngram": 0.0}  # its intercept moved
-    assert got.time("model", 2) == pytest.approx(0.3 + 0.16 + 2 * 0.17)  # the same cycle as it charged
-    assert got.accept == {"model": [pytest.approx(0.875), 40.0]} and got.shift == {"ngram": [1.1, 68.0]}
-    assert Costs.from_dict({"plain": 1.0, "per_token": {}}).step == 1.0  # (before there was a step)
+           "accept": {"model": [0.9, 0.8]}, "visits": {"model": [30.0, 10.0]}}  # (no `runs`: before it was kept)
+    assert _kept(old) is None and _kept({"plain": 1.0, "per_token": {}}) is None
 
 
 # ---- the engine with two sources on tiny models -----------------------------------------------------------------
 
-def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
+def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, drafter_cls=AutoDrafter):
     target, draft = tiny
     drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.lookahead, warm=True,  # no calibration steps
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available_of, warm=True,  # no calibration steps
                      stops=["model"])  # as assemble.auto_policy: the model is asked for its widest, and its plans
     #                                    say where it stops (Plan.stop: where the draft is unsure)
-    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
+    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp),
                   batch_size)
 
 
-def run(eng, ids, n=1):
-    return helpers.run(eng, copies(ids, n, eng.cfg.max_tokens, eng.cfg.seed))
+def run(eng, ids, n=1, max_tokens=48):
+    return helpers.run(eng, copies(ids, n, max_tokens, 0))
 
 
 BOTH = Costs(1.0, {"ngram": 0.02, "model": 0.05})  # both sources pay on the tiny pair
@@ -383,7 +380,7 @@ def test_auto_greedy_is_token_identical_to_plain_decoding(tiny):
     used = set()
     for prompt in PROMPTS + ["abcabcabcabc"]:
         ids = list(target.tokenizer.encode(prompt))
-        plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=48))
+        plain = Engine(target.model, None, None, (), DecodeConfig())
         eng = auto_engine(tiny, BOTH)
         assert run(eng, ids) == run(plain, ids)
         used |= {s for s, st in eng.stats.sources.items() if st.cycles}
@@ -400,12 +397,12 @@ def test_auto_greedy_is_token_identical_on_windowed_and_hybrid_targets(tiny, tmp
     target = models.load(str(make_target(kind, tmp_path)))
     _, draft = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
+    plain = run(Engine(target.model, None, None, (), DecodeConfig()), ids, max_tokens=60)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.lookahead, warm=True,
+    eng = Engine(target.model, drafter, AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available_of, warm=True,
                                                    stops=["model"]), (),
-                 DecodeConfig(max_tokens=60))
-    assert run(eng, ids) == plain
+                 DecodeConfig())
+    assert run(eng, ids, max_tokens=60) == plain
     assert eng.stats.drafted > 0 and eng.stats.cycles < eng.stats.generated_tokens  # it really speculated
 
 
@@ -418,21 +415,21 @@ def test_readme_documents_auto_and_its_statistics():
         assert text in readme, text
 
 
-def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, floor=None):
+def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, stop=None):
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
-    eng = auto_engine(tiny, costs, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
-    if floor is not None:  # floors of the draft model's chance higher than the policy's, so that they cut often;
+    eng = auto_engine(tiny, costs, sp, batch_size=250, drafter_cls=drafter_cls)
+    if stop is not None:  # stops at the draft model's chance higher than the policy's, so that they cut often;
         shifts = eng.shifts = []  # each row's shift as the policy fits it (from the row's earlier cycles)
 
-        policy_floor = eng.policy.floor
+        policy_stop = eng.policy.stop
 
-        def floored(source):
-            shift = policy_floor(source)[2]
+        def stopping(source):
+            shift = policy_stop(source)[2]
             shifts.extend(shift)
-            return (*floor, shift)
-        eng.policy.floor = floored
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+            return (*stop, shift)
+        eng.policy.stop = stopping
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     return ids, arr[:, 0], arr[:, 1], eng
 
 
@@ -455,12 +452,12 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     judge = verify.judge
     monkeypatch.setattr(verify, "judge", lambda *a, **k: redone.append(a[-1] or None) or judge(*a, **k))
     target, _ = tiny
-    ids, first, second, eng = pairs(tiny, sp, TWO, floor=(0.3, 0.45))
+    ids, first, second, eng = pairs(tiny, sp, TWO, stop=(0.3, 0.45))
     p1, p2 = target_marginals(target, ids, sp)
     used = {s: st.cycles for s, st in eng.stats.sources.items()}
     assert used.get("ngram", 0) > 20 and used.get("model", 0) > 20  # both sources drafted, in one run
     assert 0.05 < eng.stats.acceptance_rate < 0.98
-    assert 20 < eng.stats.floor_cut < used["model"] + used["ngram"]  # the floor cut some drafts short, not all
+    assert 20 < eng.stats.cut_short < used["model"] + used["ngram"]  # the stop cut some drafts short, not all
     assert len({round(d, 6) for d in eng.shifts}) > 3  # rows' shifts of the kept one moved with their earlier cycles
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
@@ -482,8 +479,8 @@ def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypat
     sp = SamplingParams(temp=1.0, top_p=0.8)
     target, _ = tiny
     ids = list(target.tokenizer.encode("the sea is "))
-    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), sp, batch_size=1, max_tokens=3)
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), sp, batch_size=1)
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     probes = eng.stats.cycles - eng.stats.sources["plain"].cycles  # (each source drafts 3 times, at cycles 8, 16, ...)
     assert probes <= 6 and eng.stats.cycles > 3 * N - 20  # no source pays at these costs: plain steps
     assert sum(chained) > 2 * N - 20 and len(discarded) > 50  # the 2nd and 3rd tokens' steps chained; some redone
@@ -504,13 +501,13 @@ def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkey
         time.sleep(0.05)
 
     monkeypatch.setattr(engine_mod.mx, "async_eval", computing)
-    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}), max_tokens=8)  # plain steps only
+    eng = auto_engine(tiny, Costs(1.0, {"ngram": 0.3, "model": 1.0}))  # plain steps only
     secs, chained = [], []
     update, launch = eng.policy.update, eng._launch
     eng.policy.update = lambda *a, **k: secs.append(k["seconds"]) or update(*a, **k)
     eng._launch = lambda plan, after=None, fresh=False: chained.append(after is not None) or launch(plan, after, fresh)
     t0 = time.perf_counter()
-    run(eng, list(tiny[0].tokenizer.encode("the sea is ")))
+    run(eng, list(tiny[0].tokenizer.encode("the sea is ")), max_tokens=8)
     assert len(secs) == 8 and not chained[0] and all(chained[1:-1])  # a chain of plain steps
     assert all(0.045 < t < 0.09 for t in secs), secs  # was: the first ~0.1 (two passes), the last ~0
     assert sum(secs) <= time.perf_counter() - t0
@@ -571,10 +568,10 @@ def test_a_cold_run_that_re_bases_on_its_own_timings_is_distributed_as_the_targe
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    eng = auto_engine(tiny, Costs(1.0, {}), sp, batch_size=250, max_tokens=3)
+    eng = auto_engine(tiny, Costs(1.0, {}), sp, batch_size=250)
     eng.policy.use(prior_costs(["ngram", "model"], {"model": 0.25}, gpu=False), warm=False)
     eng.policy.rebase = 8
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     assert eng.policy.rebase == 0 and eng.policy.costs.step != 1.0  # it re-based: a table in seconds
     p1, p2 = target_marginals(target, ids, sp)
     assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
@@ -592,8 +589,8 @@ def test_negative_control_a_choice_that_sees_the_draft_fails(tiny):
 
 def test_statistics_per_source_add_up(tiny):
     target, _ = tiny
-    eng = auto_engine(tiny, BOTH, max_tokens=80)
-    run(eng, list(target.tokenizer.encode("abcabcabcabc")))
+    eng = auto_engine(tiny, BOTH)
+    run(eng, list(target.tokenizer.encode("abcabcabcabc")), max_tokens=80)
     st = eng.stats
     d = st.to_dict()
     assert sum(x["cycles"] for x in d["sources"].values()) == st.cycles == len(d["source_trace"])
@@ -614,8 +611,8 @@ def test_plain_decoding_with_the_partial_top_p_redoes_a_chained_step_and_stays_e
     target, _ = tiny
     sp = SamplingParams(temp=1.0, top_p=0.8)
     ids = list(target.tokenizer.encode("abcabcab"))
-    eng = Engine(target.model, None, None, (), DecodeConfig(sampling=sp, max_tokens=3), 250)
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    eng = Engine(target.model, None, None, (), DecodeConfig(sampling=sp), 250)
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
     assert discarded
     assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
@@ -626,12 +623,12 @@ def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):
     """With a tiny prefill step, the draft model catches up on what n-gram cycles committed in several chunks."""
     target, draft = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    plain = run(Engine(target.model, None, None, (), DecodeConfig(max_tokens=60)), ids)
+    plain = run(Engine(target.model, None, None, (), DecodeConfig()), ids, max_tokens=60)
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model, prefill_step=3)})
     pol = AutoPolicy(["ngram", "model"], 4, Costs(1.0, {"ngram": 0.01, "model": 0.2}, accept={"model": [0.99, 9.0]}),
-                     drafter.lookahead)
-    eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=60))
-    assert run(eng, ids) == plain
+                     drafter.available_of)
+    eng = Engine(target.model, drafter, pol, (), DecodeConfig())
+    assert run(eng, ids, max_tokens=60) == plain
     assert eng.stats.sources["ngram"].cycles and eng.stats.sources["model"].cycles
 
 

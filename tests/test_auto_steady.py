@@ -110,10 +110,10 @@ class CuttingDrafter(AutoDrafter):
 def sampled_pairs(tiny, sp, drafter_cls=AutoDrafter, nodes=8):
     target, _ = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    eng = auto_engine(tiny, CONCAVE, sp, batch_size=250, max_tokens=3, drafter_cls=drafter_cls)
+    eng = auto_engine(tiny, CONCAVE, sp, batch_size=250, drafter_cls=drafter_cls)
     if nodes:
         with_trees(eng, nodes)
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
     return eng, fits(np.bincount(arr[:, 0], minlength=len(p1)), p1), fits(np.bincount(arr[:, 1], minlength=len(p1)),
                                                                           p2)
@@ -143,9 +143,9 @@ def test_auto_greedy_with_trees_and_the_concave_table_is_token_identical_to_plai
 
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
-    plain = Engine(target.model, NoDraft(), FixedWidth(0), (), DecodeConfig(max_tokens=40))
-    auto = with_trees(auto_engine(tiny, CONCAVE, max_tokens=40))
-    assert run(auto, ids) == run(plain, ids)
+    plain = Engine(target.model, NoDraft(), FixedWidth(0), (), DecodeConfig())
+    auto = with_trees(auto_engine(tiny, CONCAVE))
+    assert run(auto, ids, max_tokens=40) == run(plain, ids, max_tokens=40)
     assert auto.stats.drafted > 0
 
 

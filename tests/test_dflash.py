@@ -5,7 +5,6 @@ block are drawn independently, each from its own q: a flat target (logit scale 1
 
 import json
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -17,7 +16,7 @@ from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from helpers import collect, run, target_marginals
+from helpers import argmax_drafts, collect, passes, run, target_marginals
 from tiny import make_dflash_drafter, make_model, make_windowed_model
 
 PROMPT = "def f(x):"
@@ -88,7 +87,7 @@ def test_dflash_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(pairs, k
         assert spec == plain and eng.stats.drafted > 0
     tok = target.tokenizer
     alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=24)[0][0] for p in prompts]
-    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=24), 2)
+    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(), 2)
     assert run(eng, [Request(i, list(tok.encode(p)), 24, 0, 0) for i, p in enumerate(prompts)]) == alone
 
 
@@ -110,25 +109,14 @@ def test_dflash_is_exact_at_positive_temperature(pairs, sp):
 
 @pytest.mark.slow
 def test_negative_control_drafts_not_drawn_from_their_q_fail(pairs, monkeypatch):
-    propose = DFlashDrafter.propose
-
-    def argmax_drafts(self, *a, **kw):
-        d = propose(self, *a, **kw)
-        d.tokens = mx.argmax(d.q, axis=-1).astype(mx.int32)
-        return d
-
-    monkeypatch.setattr(DFlashDrafter, "propose", argmax_drafts)
+    argmax_drafts(monkeypatch, DFlashDrafter)
     (p1, p2), arr, _ = sampled(pairs, SamplingParams(temp=1.0))
     assert not (fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
 
 
 def test_one_target_pass_per_cycle_and_a_context_of_committed_tokens_only(pairs, monkeypatch):
     target, d = load(pairs)
-    from mtpcli.cache import LM
-
-    calls = []
-    run = LM._run
-    monkeypatch.setattr(LM, "_run", lambda self, *a, **k: (calls.append(self.role), run(self, *a, **k))[1])
+    calls = passes(monkeypatch)
     seen = []
     propose = DFlashDrafter.propose
 
@@ -169,7 +157,7 @@ def test_dflash_on_a_hybrid_target_is_greedy_identical_and_a_batch_row_samples_a
     sp, tok = SamplingParams(temp=1.0), target.tokenizer
     reqs = [Request(0, list(tok.encode(PROMPT)), 6, 5), Request(1, list(tok.encode("x = 1")), 30, 7)]
     alone = [[t for ev in Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (),
-                                 DecodeConfig(max_tokens=30, sampling=sp)).generate([r]) for t in ev.tokens]
+                                 DecodeConfig(sampling=sp)).generate([r]) for t in ev.tokens]
              for r in reqs]
-    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(max_tokens=30, sampling=sp), 2)
+    eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(sampling=sp), 2)
     assert run(eng, reqs) == alone

@@ -43,7 +43,7 @@ def reference(path, prompt, max_tokens):
     from mtpcli.engine import DecodeConfig, Engine
 
     t = models.load(str(path))
-    eng = Engine(t.model, eos_token_ids=t.tokenizer.eos_token_ids, config=DecodeConfig(max_tokens=max_tokens))
+    eng = Engine(t.model, eos_token_ids=t.tokenizer.eos_token_ids, config=DecodeConfig())
     return run(eng, [Request(0, list(t.tokenizer.encode(prompt)), max_tokens, 0)])[0]
 
 
@@ -124,7 +124,7 @@ def test_same_seed_same_output_at_t1_as_one_process(qwen, worker):
     from mtpcli.engine import DecodeConfig, Engine
 
     t, d = models.load(str(qwen["target"])), models.load(str(qwen["draft"]))
-    cfg = DecodeConfig(sampling=SamplingParams(temp=1.0), max_tokens=60, seed=3)
+    cfg = DecodeConfig(sampling=SamplingParams(temp=1.0))
     eng = Engine(t.model, ModelDrafter(d.model), FixedWidth(3), t.tokenizer.eos_token_ids, cfg)
     ids = list(t.tokenizer.encode("the sea is "))
     assert worker["seeded-tensor-t1"]["tokens"][0] == run(eng, [Request(0, ids, 60, 3)])[0]

@@ -31,16 +31,16 @@ PROMPT = "the quick brown fox jumps over the lazy dog while five boxing wizards 
 PAYS = Costs(1.0, {"ngram": 0.5, "model": 0.1}, accept={"model": [0.95, 100.0]}, prefill={"model": 0.05})
 
 
-def deferred_engine(pair, costs, sp=SamplingParams(), max_tokens=48, batch_size=1, drafter_cls=ModelDrafter):
+def deferred_engine(pair, costs, sp=SamplingParams(), batch_size=1, drafter_cls=ModelDrafter):
     target, draft = pair
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": drafter_cls(draft.model, defer=True)})
-    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.lookahead, warm=True, stops=["model"],
+    pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available_of, warm=True, stops=["model"],
                      prefills=["model"], backlog=drafter.backlogs)
-    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens), batch_size)
+    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp), batch_size)
 
 
 def plain(pair, ids, max_tokens):
-    return run(Engine(pair[0].model, None, None, (), DecodeConfig(max_tokens=max_tokens)), ids)
+    return run(Engine(pair[0].model, None, None, (), DecodeConfig()), ids, max_tokens=max_tokens)
 
 
 @pytest.mark.parametrize("answer, joins", [(6, False), (120, True)])
@@ -49,8 +49,8 @@ def test_the_deferred_draft_model_prefills_only_where_the_answer_pays_for_it(tin
     is decoded without the model (it prefills nothing), a 120-token one brings it in; both are plain decoding's
     tokens at T = 0."""
     ids = list(tiny[0].tokenizer.encode(PROMPT))
-    eng = deferred_engine(tiny, PAYS, max_tokens=answer)
-    assert run(eng, ids) == plain(tiny, ids, answer)
+    eng = deferred_engine(tiny, PAYS)
+    assert run(eng, ids, max_tokens=answer) == plain(tiny, ids, answer)
     st = eng.stats
     if joins:
         assert st.sources["model"].cycles > 3 and st.draft_prefill_tokens >= len(ids) - 1
@@ -66,8 +66,8 @@ def test_greedy_with_the_deferred_model_is_plain_decoding_on_windowed_and_hybrid
 
     target = models.load(str(make_target(kind, tmp_path)))
     ids = list(target.tokenizer.encode(PROMPT[:60]))
-    eng = deferred_engine((target, tiny[1]), PAYS, max_tokens=80)
-    assert run(eng, ids) == plain((target, None), ids, 80)
+    eng = deferred_engine((target, tiny[1]), PAYS)
+    assert run(eng, ids, max_tokens=80) == plain((target, None), ids, 80)
     assert eng.stats.sources["model"].cycles and eng.stats.draft_prefill_tokens == len(ids) - 1
 
 
@@ -78,7 +78,7 @@ def test_a_ragged_batch_brings_the_deferred_model_in_row_by_row_and_stays_plain_
 
     target, _ = tiny
     texts = [PROMPT, PROMPT[:40], "x = 1\ny = ", PROMPT[20:90]]
-    eng = deferred_engine(tiny, PAYS, max_tokens=50, batch_size=3)
+    eng = deferred_engine(tiny, PAYS, batch_size=3)
     outs = {i: [] for i in range(len(texts))}
     for ev in eng.generate([Request(i, list(target.tokenizer.encode(t)), 30 + 10 * i, 0) for i, t in
                             enumerate(texts)]):
@@ -92,9 +92,9 @@ def test_an_eager_draft_model_prefills_the_prompt_at_the_start_and_counts_it(tin
     target, draft = tiny
     ids = list(target.tokenizer.encode(PROMPT))
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
-    pol = AutoPolicy(["ngram", "model"], 4, PAYS, drafter.lookahead, warm=True, stops=["model"])
-    eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=6))
-    assert run(eng, ids) == plain(tiny, ids, 6)
+    pol = AutoPolicy(["ngram", "model"], 4, PAYS, drafter.available_of, warm=True, stops=["model"])
+    eng = Engine(target.model, drafter, pol, (), DecodeConfig())
+    assert run(eng, ids, max_tokens=6) == plain(tiny, ids, 6)
     assert eng.stats.draft_prefill_tokens == len(ids) - 1 and eng.stats.sources["model"].cycles  # (no gate)
 
 
@@ -174,8 +174,8 @@ SPS = [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=20, top_p=0.9)]
 def law_pairs(tiny, sp, prompt, drafter_cls=ModelDrafter):
     target, _ = tiny
     ids = list(target.tokenizer.encode(prompt))
-    eng = deferred_engine(tiny, CHEAP, sp, max_tokens=3, batch_size=250, drafter_cls=drafter_cls)
-    arr = np.array([o[:2] for o in run(eng, ids, N)])
+    eng = deferred_engine(tiny, CHEAP, sp, batch_size=250, drafter_cls=drafter_cls)
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
     first = fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
     second = fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)

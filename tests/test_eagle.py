@@ -20,7 +20,7 @@ from mtpcli.drafters.eagle import EagleDrafter
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
 from stattools import fits
-from helpers import collect, copies, run, target_marginals
+from helpers import argmax_drafts, collect, copies, passes, run, target_marginals
 from tiny import make_eagle3_head, make_model, make_windowed_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
@@ -131,7 +131,7 @@ def test_eagle3_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(heads, k
 
     tok = target.tokenizer
     alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=30)[0][0] for p in prompts]
-    eng = Engine(target.model, EagleDrafter(head.model), FixedWidth(3), (), DecodeConfig(max_tokens=30), 2)
+    eng = Engine(target.model, EagleDrafter(head.model), FixedWidth(3), (), DecodeConfig(), 2)
     outs = run(eng, [Request(i, list(tok.encode(p)), 30, 0, 0) for i, p in enumerate(prompts)])
     assert outs == alone and eng.stats.accepted > 0
 
@@ -143,7 +143,7 @@ def test_eagle3_greedy_trees_equal_plain_decoding(heads):
     d.nodes, d.children = 8, 3
     from mtpcli.engine import DecodeConfig, Engine, Request
 
-    eng = Engine(target.model, d, FixedWidth(4), (), DecodeConfig(max_tokens=40))
+    eng = Engine(target.model, d, FixedWidth(4), (), DecodeConfig())
     eng.target.allow_trees()
     out = [t for ev in eng.generate([Request(0, list(target.tokenizer.encode(PROMPT)), 40, 0)]) for t in ev.tokens]
     assert out == plain[0] and eng.stats.trees["cycles"] > 0
@@ -156,7 +156,7 @@ def sampled(heads, sp, tree=False, batch_size=250):
         d.nodes, d.children = 6, 3
     from mtpcli.engine import DecodeConfig, Engine
 
-    eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(max_tokens=3, sampling=sp), batch_size)
+    eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(sampling=sp), batch_size)
     if tree:
         eng.target.allow_trees()
     ids = list(target.tokenizer.encode(PROMPT))
@@ -178,14 +178,7 @@ def test_eagle3_is_exact_at_positive_temperature(heads, sp, tree):
 def test_negative_control_drafts_not_drawn_from_their_q_fail(heads, monkeypatch):
     """The head's most likely tokens judged as if drawn from its q (min(1, p/q) of a token q did not draw): the
     same test must reject it."""
-    propose = EagleDrafter.propose
-
-    def argmax_drafts(self, *a, **kw):
-        d = propose(self, *a, **kw)
-        d.tokens = mx.argmax(d.q, axis=-1).astype(mx.int32)
-        return d
-
-    monkeypatch.setattr(EagleDrafter, "propose", argmax_drafts)
+    argmax_drafts(monkeypatch, EagleDrafter)
     (p1, p2), arr, _ = sampled(heads, SamplingParams(temp=1.0))
     assert not (fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
 
@@ -193,11 +186,7 @@ def test_negative_control_drafts_not_drawn_from_their_q_fail(heads, monkeypatch)
 def test_the_heads_states_come_from_the_verify_pass(heads, monkeypatch):
     """One target pass per cycle: the tapped states are taken in the pass that verifies, never a second one."""
     target, head = load(heads)
-    from mtpcli.cache import LM
-
-    calls = []
-    run = LM._run
-    monkeypatch.setattr(LM, "_run", lambda self, *a, **k: (calls.append(self.role), run(self, *a, **k))[1])
+    calls = passes(monkeypatch)
     _, eng = collect(target, EagleDrafter(head.model), FixedWidth(3), (), PROMPT, 1, max_tokens=30)
     assert calls.count("target model") == eng.stats.cycles and eng.stats.accepted > 0
 

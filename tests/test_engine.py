@@ -48,7 +48,7 @@ def test_confidence_floor_cuts_drafts_and_stays_lossless(tiny):
     plain, _ = decode(tiny, "the sea is ", draft=False, max_tokens=40)
     spec, eng = decode(tiny, "the sea is ", width=5, p_min=0.6, max_tokens=40)
     assert spec == plain
-    assert eng.stats.floor_cut > 0
+    assert eng.stats.cut_short > 0
     assert len(eng.stats.draft_widths) > 1
 
 

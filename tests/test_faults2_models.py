@@ -16,7 +16,8 @@ import pytest
 
 from mtpcli import config, fetch, models
 from mtpcli.errors import ModelError, UsageError
-from mtpcli.gguf_convert import cache_dir, convert
+from mtpcli.fetch import cache_dir
+from mtpcli.gguf_convert import convert
 from test_fetch import fake_index  # noqa: F401  (fixture reuse)
 from test_gguf import source, write_gguf  # noqa: F401
 from test_faults_store import _main

@@ -132,7 +132,7 @@ def run_with_history(target, store, ids, sp, n, max_tokens, seed=0, batch_size=1
     from mtpcli.controller import FixedWidth
 
     drafter = drafter_cls(store)
-    eng = Engine(target.model, drafter, FixedWidth(4), (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
+    eng = Engine(target.model, drafter, FixedWidth(4), (), DecodeConfig(sampling=sp),
                  batch_size)
     outs = [[] for _ in range(n)]
     for ev in eng.generate([Request(c, ids, max_tokens, seed, c) for c in range(n)]):
@@ -146,7 +146,7 @@ def test_greedy_with_the_history_is_token_identical_to_plain_decoding(tiny):
     target, _ = tiny
     for prompt in ["def fib(n):", "the sea is ", "abcabcab"]:
         ids = list(target.tokenizer.encode(prompt))
-        plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=40))
+        plain = Engine(target.model, None, None, (), DecodeConfig())
         want = [t for ev in plain.generate([Request(0, ids, 40, 0)]) for t in ev.tokens]
         store = store_of(doc(want), doc(list(reversed(want))))  # one right answer, one wrong
         (got,), eng = run_with_history(target, store, ids, SamplingParams(), 1, 40)
@@ -163,7 +163,7 @@ def test_greedy_with_the_history_is_token_identical_on_windowed_and_hybrid_targe
 
     target = models.load(str(make_target(kind, tmp_path)))
     ids = list(target.tokenizer.encode("abcabcabcabc"))
-    plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=60))
+    plain = Engine(target.model, None, None, (), DecodeConfig())
     want = [t for ev in plain.generate([Request(0, ids, 60, 0)]) for t in ev.tokens]
     store = store_of(doc(want[:30] + list(reversed(want[30:]))), doc(want[:30] + list(reversed(want[30:]))))
     (got,), eng = run_with_history(target, store, ids, SamplingParams(), 1, 60)
@@ -185,13 +185,13 @@ def test_a_batch_under_auto_with_answers_shared_mid_run_is_greedy_identical(tiny
     lengths = [30, 44, 25, 50, 37, 41]
     want = []
     for i, n in zip(ids, lengths):
-        plain = Engine(target.model, None, None, (), DecodeConfig(max_tokens=n))
+        plain = Engine(target.model, None, None, (), DecodeConfig())
         want.append([t for ev in plain.generate([Request(0, i, n, 0)]) for t in ev.tokens])
     store = store_of(doc(want[1][:20]))
     drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "history": HistoryDrafter(store)})
-    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.lookahead,
+    pol = AutoPolicy(["ngram", "history"], 8, Costs(1.0, {"ngram": 0.02, "history": 0.02}), drafter.available_of,
                      warm=True)
-    eng = Engine(target.model, drafter, pol, (), DecodeConfig(max_tokens=50), batch_size=3)
+    eng = Engine(target.model, drafter, pol, (), DecodeConfig(), batch_size=3)
     outs = [[] for _ in prompts]
     for ev in eng.generate([Request(r, i, n, 0) for r, (i, n) in enumerate(zip(ids, lengths))]):
         outs[ev.request].extend(ev.tokens)

@@ -29,7 +29,6 @@ def test_hybrid_greedy_same_tokens_with_and_without_speculation(hybrid, tiny):
     spec, eng = run(hybrid, NgramDrafter(1, 3), 4, max_tokens=40)
     assert spec == plain
     assert eng.stats.drafted > eng.stats.accepted  # there were rejections to roll back
-    assert eng.target.replayed_tokens > 0
     # a draft model whose cache is trimmable, on a recurrent target
     target, draft = tiny
     spec2, _ = run(hybrid, ModelDrafter(draft.model), 3, max_tokens=40)

@@ -8,8 +8,8 @@ PASSAGE = list(range(100, 124))
 REPEATED = PASSAGE + [7, 8] + PASSAGE[:20]  # a 20-token passage again: its next 4 tokens follow
 
 
-def drafter(contexts, n_min=2, n_max=4):
-    d = NgramDrafter(n_min, n_max)
+def drafter(contexts, shortest=2, longest=4):
+    d = NgramDrafter(shortest, longest)
     d.add_rows(len(contexts))
     for b, c in enumerate(contexts):
         d.start(b, c[:1])

@@ -16,7 +16,7 @@ from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams, probs
-from mtpcli.stats import summary_rows
+from mtpcli.tables import summary_rows
 from stattools import fits
 from helpers import N, marginals, resampled_from_p, run
 from tiny import make_target

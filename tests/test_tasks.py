@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mtpcli import bench, runlog, stats, tasks
+from mtpcli import bench, runlog, tables, tasks
 from mtpcli.errors import UsageError
 
 ADD = tasks.Problem("t/0", 'def add(a, b):\n    """a + b"""\n', "def check(f):\n    assert f(2, 3) == 5\n", "add")
@@ -177,7 +177,7 @@ def test_bench_scores_humaneval_on_a_tiny_model(long_tiny, capsys):
     assert lines[-1].startswith("checking 8 completions (completion)")
     logged = runlog.query()
     assert [r["stats"]["task"]["runs"] for r in logged] == [4, 4]  # in each arm's run-log record, as `stats` shows it
-    assert dict(stats.summary_rows(logged[-1]["stats"]))["task"].startswith("humaneval:2: pass@1 0.")
+    assert dict(tables.summary_rows(logged[-1]["stats"]))["task"].startswith("humaneval:2: pass@1 0.")
     json.dumps(result)
     bench.render(result)
     table = capsys.readouterr().out

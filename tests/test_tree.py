@@ -105,7 +105,7 @@ def test_tree_decoding_commits_the_targets_distribution_at_the_first_and_second_
     prompt = PROMPTS[0]
     ids = list(target.tokenizer.encode(prompt))
     p1, p2 = target_marginals(target, ids, sp)
-    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=3)
+    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp)
     outs = run(eng, target.tokenizer, [prompt], n=N, max_tokens=3)  # trees two deep: both tokens from one tree
     trees = eng.stats.to_dict()["trees"]
     assert trees["cycles"] > 0 and trees["side_paths"] > 0  # trees were verified, and later children taken
@@ -123,7 +123,7 @@ def test_a_tree_law_that_tests_later_children_against_p_instead_of_the_residual_
     ids = list(target.tokenizer.encode(PROMPTS[0]))
     p1, _ = target_marginals(target, ids, sp)
     monkeypatch.setattr(verify, "residual", lambda p, q, d: p)
-    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp, max_tokens=2)
+    eng = engine(target, drafters(draft)[source](), batch_size=250, sampling=sp)
     outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
     assert not fits(np.bincount([o[0] for o in outs], minlength=len(p1)), p1)
 
@@ -225,7 +225,7 @@ def test_history_trees_greedy_identity_and_the_targets_distribution(tiny):
     sp = CASES[0]
     ids = list(target.tokenizer.encode(PROMPTS[0]))
     p1, p2 = target_marginals(target, ids, sp)
-    eng = engine(target, history_drafter(target, PROMPTS[0]), batch_size=250, sampling=sp, max_tokens=2)
+    eng = engine(target, history_drafter(target, PROMPTS[0]), batch_size=250, sampling=sp)
     outs = run(eng, target.tokenizer, [PROMPTS[0]], n=N, max_tokens=2)
     trees = eng.stats.to_dict()["trees"]
     assert trees["cycles"] > 0 and trees["side_paths"] > 0

@@ -110,7 +110,7 @@ def test_hub_id_in_the_cache_is_inspected_from_its_snapshot(cli, tmp_path, tiny_
 # ---- 3. models list: sizes; models rm ------------------------------------------------------------------------
 @pytest.fixture
 def model_cache(tiny_paths):
-    from mtpcli.gguf_convert import cache_dir
+    from mtpcli.fetch import cache_dir
 
     cache_dir().mkdir(parents=True)
     _copy(tiny_paths["target"], cache_dir() / "smollm2-135m")
@@ -232,7 +232,7 @@ def test_no_draft_note_when_the_draft_model_drafted_often():
 
     cfg = config.Config(draft_model="d")
     record = {"cycles": 10, "sources": {"model": {"cycles": 5, "drafted": 20, "acceptance_rate": 0.5}},
-              "auto": {"sources": ["model", "ngram"], "costs": {"plain": 1.0, "per_token": {"model": 0.3}},
+              "auto": {"sources": ["model", "ngram"], "costs": {"step": 1.0, "per_token": {"model": 0.3}, "runs": 1},
                        "warm": False, "measured": None}}
     assert generate.idle_draft_model(cfg, record) is None
     record["sources"]["model"]["cycles"] = 0

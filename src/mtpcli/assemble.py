@@ -30,8 +30,8 @@ from .sampling import SamplingParams
 
 
 def decode_config(cfg: Config) -> DecodeConfig:
-    return DecodeConfig(SamplingParams(cfg.temp, cfg.top_p, cfg.top_k, cfg.min_p), cfg.max_tokens, cfg.seed,
-                        cfg.typical_threshold, cfg.typical_eps, cfg.prefill_step)
+    return DecodeConfig(SamplingParams(cfg.temp, cfg.top_p, cfg.top_k, cfg.min_p), cfg.typical_threshold,
+                        cfg.typical_eps, cfg.prefill_step)
 
 
 def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False):
@@ -137,7 +137,7 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
     prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     prefills = [n for n, d in drafter.sources.items() if d.defer]  # a deferred draft model
-    return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,
+    return AutoPolicy(names, cfg.n_max, prior, drafter.available_of, widest=dict(cfg.widest), stops=stops,
                       rebase=rebase, prefills=prefills, backlog=drafter.backlogs)
 
 

@@ -17,7 +17,8 @@ from . import assemble, config, models, prompts, runlog, tasks
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UsageError
 from .generate import chat_on, encode_prompt, typical_line
-from .stats import RunStats, table
+from .stats import RunStats
+from .tables import table
 
 
 @dataclass

@@ -64,6 +64,17 @@ def tap(model, layers: tuple[int, ...]) -> dict:
     return sink
 
 
+def in_chunks(feed, n: int, step: int, state, start: int = 0, leave: int = 0) -> int:
+    """Feed positions start..n in chunks of `step` (`feed(i, j)`: positions i..j), each evaluated (`state()`: the
+    arrays it leaves) before the next, while more than `leave` are left; returns where the rest starts."""
+    while n - start > leave:
+        end = min(start + step, n)
+        feed(start, end)
+        mx.eval(state())
+        start = end
+    return start
+
+
 class LM:
     """A model over B rows of caches: prefill a row (a repeated prompt is prefilled once), feed blocks, keep
     per-row prefixes (trim, holes, or snapshot + replay)."""
@@ -92,7 +103,6 @@ class LM:
         self._snap = None  # recurrent rows: (write, states) before the speculative tokens, and what was fed since
         self._fed: list[mx.array] = []
         self._prefix: tuple | None = None  # the last prefilled prompt: (tokens, layout, caches, hidden)
-        self.replayed_tokens = 0
         self.reused = False  # the last set_row took its prompt from the previous prefill
         self.shelf = None  # prefix.Shelf: this model's prefills kept across runs (generate attaches it)
         self.cached = 0  # tokens of the last prefill taken from the shelf
@@ -150,6 +160,10 @@ class LM:
             c.apply(lambda a: a[idx])
         self._tidy()  # the rows that held the leading slots may have left
 
+    def states(self) -> list:
+        """The caches' arrays (what `in_chunks` evaluates)."""
+        return [getattr(c, "state", []) for c in self.caches]
+
     def _kv(self) -> list[RowKV]:
         return [c for c in self.caches if isinstance(c, RowKV)]
 
@@ -164,19 +178,21 @@ class LM:
         hidden = []
         shelf = self.shelf if "native" not in self.kinds else None  # (opaque caches are not kept)
         self.cached = self._restore(tokens, layout, caches, hidden) if shelf else 0
-        step = self.prefill_step
-        last = len(tokens) // step * step  # the last chunk boundary: its state is kept for later runs
+        last = len(tokens) // self.prefill_step * self.prefill_step  # the last chunk boundary: kept for later runs
         self._aim()
-        for i in range(self.cached, len(tokens), step):
-            chunk = mx.array(tokens[i : i + step])[None]
+
+        def feed(i, j):
+            chunk = mx.array(tokens[i:j])[None]
             layout.begin(chunk.shape[1], None)
             h = self.parts[0](chunk, cache=caches) if self.parts else self.model(chunk, cache=caches)
             layout.end()
             if self.keep_hidden:
                 hidden.append(self._kept(h))
-            mx.eval([getattr(c, "state", []) for c in caches] + hidden[-1:])
-            if shelf and i + step == last:
+            if shelf and j == last:
                 shelf.keep(tokens[:last], self._state(caches, hidden, last), self.trims)
+
+        in_chunks(feed, len(tokens), self.prefill_step,
+                  lambda: [getattr(c, "state", []) for c in caches] + hidden[-1:], self.cached)
         hidden = mx.concatenate(hidden, axis=1) if hidden else None
         self._prefix = None
         if keep and "native" not in self.kinds:  # opaque caches cannot be shared: those rows prefill every time
@@ -354,7 +370,6 @@ class LM:
         self._snap, self._fed = None, []
         if replay.shape[1]:
             self._run(replay, None, "none")
-            self.replayed_tokens += replay.shape[1]
 
     def keep_path(self, before: np.ndarray, paths: list[list[int]]) -> None:
         """After a tree block of n positions: row b keeps its root and the nodes at positions paths[b], moved to

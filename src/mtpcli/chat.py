@@ -9,7 +9,7 @@ import sys
 from . import models, runlog
 from .conversation import Conversation
 from .errors import EXIT_INTERRUPTED, MtpError
-from .gguf_convert import status as working
+from .tables import status as working
 from .prompts import Item, decode
 
 HELP = ("/stats: the last turn's statistics; /reset: a new conversation; /save: keep it for `mtpcli generate -c` "
@@ -24,7 +24,7 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
     """Read turns and commands until /quit or the end of stdin; the exit status: 0, or the last failed turn's."""
     from . import generate
     from .distributed.group import launched
-    from .stats import render
+    from .tables import render
 
     if launched():  # (every rank would read the one stdin, which the launcher does not pass on)
         raise MtpError("chat does not run under mtpcli launch / mlx.launch: use generate there")

@@ -339,7 +339,7 @@ def prefill_list():
     """Each kept prefill: its model, role, tokens, size and last use, most recent first."""
     from . import prefix
     from .fetch import human_size
-    from .stats import table
+    from .tables import table
 
     rows, total = [], 0
     for path, meta, tokens, size, used in prefix.listing():
@@ -364,7 +364,7 @@ def prefill_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without
 def models_list():
     """Known aliases (fetched from the package index on first use) and what is cached."""
     from . import fetch
-    from .stats import table
+    from .tables import table
 
     cached = fetch.cached()  # (none where the cache is not there yet)
     sizes = {name: fetch.disk_size(folder) for name, folder in cached.items()}
@@ -451,13 +451,13 @@ def main() -> None:
     _global["terminated"] = False
     try:
         try:
-            code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
-            code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
-            try:
+            try:  # a reader that left, or a full disk, shows at a print (unbuffered, as PYTHONUNBUFFERED makes it)
+                code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
+                code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
                 if sys.stdout is not None:  # (None: stdout closed before the start, and print writes nothing)
-                    sys.stdout.flush()  # a reader that left, or a full disk, shows here, not at the interpreter's exit
+                    sys.stdout.flush()  # ... or here, not at the interpreter's exit
             except OSError as e:
-                if isinstance(e, BrokenPipeError):
+                if isinstance(e, BrokenPipeError) or e.filename is not None:  # (a file's error names its file)
                     raise
                 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (what is left in stdout's buffer goes nowhere at exit)
                 raise MtpError(f"stdout: {e.strerror or e}", EXIT_IO) from None

@@ -90,7 +90,7 @@ class Config:
     n_max: Optional[int] = key(None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, and "
                                "16 for the history's drafts when it is on).", _rng(1, 64), "1..64",
                                "--spec-draft-n-max")
-    p_min: float = key(0.0, "Draft confidence floor: stop drafting below this draft probability; 0 = off.",
+    p_min: float = key(0.0, "Draft confidence cut: stop drafting below this draft probability; 0 = off.",
                        _rng(0.0, 1.0, hi_open=True), "[0, 1)", "--spec-draft-p-min")
     history: bool = key(False, "Keep every run's output token ids on disk ($XDG_DATA_HOME/mtpcli/history.sqlite; "
                         "prompts too with --log-prompts) and draft from them (source history); --draft history "
@@ -133,11 +133,8 @@ class Config:
         return "greedy" if self.temp == 0 else "typical" if self.typical_threshold > 0 else "exact"
 
     def record(self) -> dict[str, Any]:
-        """What the run log and --stats-json keep of the settings."""
-        keep = ("model", "draft_model", "draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "temp",
-                "top_p", "top_k", "min_p", "seed", "max_tokens", "typical_threshold", "typical_eps", "history",
-                "tree", "tree_children", "prefill_cache")
-        return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in keep}}
+        """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed."""
+        return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in SCHEMA}}
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def begin(cfg, go_on: bool, ident: int | None, save: bool, log: bool):
 
 def show(ident: int | None, as_json: bool) -> None:
     """`mtpcli stats --conversations`: one row per conversation; with --conversation ID its turns."""
-    from .stats import table
+    from .tables import table
 
     if ident is not None:
         conv = find(ident)

@@ -74,23 +74,18 @@ class Costs:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Costs":
-        """(A table kept by an earlier version, with no `runs`: its cycles' intercept `plain` goes to each source's
-        fixed part, its acceptance by position is pooled.)"""
-        step = float(d["step"] if d.get("step") is not None else d["plain"])
-        extra = float(d.get("plain", step)) - step
+        """A table `to_dict` wrote; KeyError, TypeError or ValueError where it is not one (an earlier version's)."""
+        step = float(d["step"])
         per = {str(k): float(v) for k, v in d["per_token"].items()}
         raw = {str(k): float(v) for k, v in (d.get("fixed") or {}).items()}
-        fixed = {k: max(raw.get(k, 0.0) + extra, 0.0) for k in per}
-        accept = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("accept") or {}).items()} if "runs" in d else \
-            {str(k): [float(np.average(v, weights=n)), float(sum(n))] for k, v in (d.get("accept") or {}).items()
-             if (n := ((d.get("visits") or {}).get(k, []) + [30.0] * len(v))[: len(v)]) and sum(n) > 0}
+        fixed = {k: raw.get(k, 0.0) for k in per}
+        accept = {str(k): [float(v[0]), float(v[1])] for k, v in (d.get("accept") or {}).items()}
         shift, conf = ({str(k): [float(v[0]), float(v[1])] for k, v in (d.get(name) or {}).items()}
                        for name in ("shift", "conf"))
         prefill = {str(k): float(v) for k, v in (d.get("prefill") or {}).items()}
         verify = float(d.get("verify", 0.0))
-        if not (step > 0 and math.isfinite(step + extra) and all(v >= 0 and math.isfinite(v) for v in
-                                                                   [*per.values(), *raw.values(), *prefill.values(),
-                                                                    verify])):
+        if not (step > 0 and math.isfinite(step) and all(v >= 0 and math.isfinite(v) for v in
+                                                         [*per.values(), *raw.values(), *prefill.values(), verify])):
             raise ValueError("a non-positive or non-finite cost")
         if not all(0.0 <= a <= 1.0 and 0 <= n < math.inf for a, n in accept.values()):
             raise ValueError("an acceptance outside [0, 1]")
@@ -98,7 +93,7 @@ class Costs:
             raise ValueError("a shift outside [-6, 6]")
         if not all(0.0 < c <= 1.0 and n >= 0 for c, n in conf.values()):
             raise ValueError("a confidence outside (0, 1]")
-        return cls(step, per, fixed, accept, shift, conf, max(int(d.get("runs", 1)), 1), prefill, verify)
+        return cls(step, per, fixed, accept, shift, conf, max(int(d["runs"]), 1), prefill, verify)
 
     def settled(self, measured: "Costs") -> "Costs":
         """What to keep after a run measured `measured`: this table while every measured figure agrees with it

@@ -31,9 +31,7 @@ FORCED_MAX = 16  # the most forced tokens a row drafts in a cycle (each is sure 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    sampling: SamplingParams = SamplingParams()
-    max_tokens: int = 256
-    seed: int = 0
+    sampling: SamplingParams = SamplingParams()  # (a request carries its own max_tokens and seed)
     typical_threshold: float = 0.0  # 0 = the exact law
     typical_eps: float = 1.0
     prefill_step: int = 512
@@ -408,7 +406,7 @@ class Engine:
         stop = next((i for i, t in enumerate(new) if t in self.eos), None)
         counted = new if stop is None else new[: stop + 1]  # nothing after an EOS counts
         run = r.run
-        run.floor_cut += k < requested
+        run.cut_short += k < requested
         run.record_cycle(k, min(n, len(counted)), len(counted), source, seconds)
         run.forced_tokens += min(n, len(counted)) if source == FORCED else 0
         if typical:
@@ -420,7 +418,7 @@ class Engine:
         if r.done:
             run.peak_memory_bytes = mx.get_peak_memory()
             # (b indexes the policy's members only when cycles are not launched ahead, i.e. when drafting)
-            run.controller_estimate = self.policy.estimate(b) if self.drafter.speculates else None
+            run.width_estimate = self.policy.estimate(b) if self.drafter.speculates else None
         incomplete = r.done and self.guide is not None and not self.guide.complete(b)
         self.incomplete += incomplete
         yield Event(r.req.index, new[:stop], "stop" if stop is not None else "length" if r.done else None, incomplete)

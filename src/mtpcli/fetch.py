@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelError
-from .gguf_convert import cache_dir, convert
+from .gguf_convert import convert
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpcli" / "models"
+
+
+def cached_conversion(path: Path) -> Path:
+    """Convert a GGUF file once; later calls reuse the cached folder (keyed by file identity)."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    dst = cache_dir() / f"gguf-{path.stem}-{key}"
+    if not (dst / "config.json").is_file():
+        print(f"mtpcli: converting {path} to an MLX folder (once) ...", file=sys.stderr)
+        convert(path, dst)
+    return dst
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from . import assemble, config, constrain, distributed, eagle, models, runlog
 from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
-from .gguf_convert import cache_dir, status as working
+from .fetch import cache_dir
 from .costs import PRIOR_ACCEPT, Costs
 from .prompts import Item
-from .stats import RunStats, render
+from .stats import RunStats
+from .tables import render, status as working
 from .writers import Completion, Writer, check_writable, write_file
 
 TYPICAL_TAG = "[typical-accept] NOT distribution-exact;"

@@ -4,11 +4,8 @@ q/k row permutation, Gemma's 1+w norm weights), and rebuilds the tokenizer from 
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib
 import json
-import os
 import shutil
 import sys
 import uuid
@@ -18,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelError, UsageError
+from .tables import status
 
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}  # GGUF architecture -> model_type
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -240,29 +238,3 @@ def _progress(items: list, label: str, quiet: bool):
     from rich.progress import track
 
     return track(items, label, transient=True, console=Console(file=sys.stderr))
-
-
-def status(message: str, quiet: bool = False, file=None):
-    """A transient status line (a spinner and `message`) on stderr (or `file`) while a step works, gone when it is
-    done; nothing when quiet or when it is no terminal (in a pipe nothing of it is written)."""
-    file = sys.stderr if file is None else file
-    if quiet or not file.isatty():
-        return contextlib.nullcontext()
-    from rich.console import Console
-
-    return Console(file=file, force_terminal=True).status(message)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpcli" / "models"
-
-
-def cached_conversion(path: Path) -> Path:
-    """Convert a GGUF file once; later calls reuse the cached folder (keyed by file identity)."""
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    dst = cache_dir() / f"gguf-{path.stem}-{key}"
-    if not (dst / "config.json").is_file():
-        print(f"mtpcli: converting {path} to an MLX folder (once) ...", file=sys.stderr)
-        convert(path, dst)
-    return dst

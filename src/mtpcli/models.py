@@ -76,7 +76,7 @@ def resolve(name: str, download: bool = True) -> Path:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist")
-        return gguf_convert.cached_conversion(path)
+        return fetch.cached_conversion(path)
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ModelError(f"model '{name}' not found: no such folder, not a known alias "
                          f"({', '.join(fetch.ALIASES)}), not a .gguf file, not a Hugging Face id")

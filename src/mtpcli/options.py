@@ -10,12 +10,12 @@ import typer
 from .config import SCHEMA
 
 SHORT = {"model": ("-m",)}  # short aliases of settings options
-# The sections of `generate --help`, in this order; a settings key not named here goes under Options.
+# The sections of `generate --help`, in this order: every settings key under one (tests/test_tidy4.py).
 PANELS = {"Prompt": ("chat", "system"), "Model": ("model", "draft_model", "prefill_step", "prefill_cache",
                                                   "prefill_cache_mb"),
           "Sampling": ("max_tokens", "temp", "top_p", "top_k", "min_p", "seed", "typical_threshold", "typical_eps"),
-          "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "history", "history_max_mb",
-                       "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),
+          "Drafting": ("draft", "num_draft_tokens", "adaptive", "n_min", "n_max", "p_min", "tree", "tree_children", "history",
+                       "history_max_mb", "ngram_min", "ngram_max", "ema_alpha", "ema_probe", "ema_init"),
           "Output": ("format", "schema", "json", "grammar"), "Distributed": ("distributed", "distributed_timeout")}
 PANEL = {k: name for name, keys in PANELS.items() for k in keys}
 

@@ -4,7 +4,7 @@ tokens per second:  score(s, k) = sum over rows of E_b[tokens | s, k] / T(s, k) 
 E = 1 + sum_j prod_{i<=j} a_i. A source that estimates its own tokens (n-gram lookup, the history) is expected what
 it estimates, moved in log-odds by how the row's drafted tokens fared against their estimates (`shift`); a draft
 model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
-model stops inside a draft where one more token is worth less than plain steps make in its time (`floor`; its own
+model stops inside a draft where one more token is worth less than plain steps make in its time (`stop`; its own
 confidence, calibrated the same way). T(s, k) = step (1 + verify k^BEND) + fixed[s] + k per_token[s] (a target pass is
 concave in its width), a `Costs` table fixed for the run (this machine's, kept in the run log; before one exists, a
 prior from the models' sizes, until a first run that keeps its table is 32 cycles in: then what it measured), while
@@ -81,7 +81,7 @@ class AutoPolicy(WidthPolicy):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then decides
         by it as a kept table would, and from its `rebase`-th cycle on, if set, by what it has measured, as the next
         run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under
-        n_max; `stops`: the sources whose drafts stop themselves (`floor`), asked for their widest draft;
+        n_max; `stops`: the sources whose drafts stop themselves (`stop`), asked for their widest draft;
         `prefills`: the sources that come in only where their catch-up pays, `backlog(source, contexts)` the tokens
         each row would prefill now."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
@@ -181,7 +181,7 @@ class AutoPolicy(WidthPolicy):
             source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
         self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
         self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
-                         self.floor(source) if stops else None)
+                         self.stop(source) if stops else None)
         return self.last
 
     def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:
@@ -216,7 +216,7 @@ class AutoPolicy(WidthPolicy):
         got.shift = self.costs.shift  # (the run's own points are its rows' already: not counted twice)
         self.costs, self._shifts = got, {}
 
-    def floor(self, source: str) -> tuple[float, float, list[float]]:
+    def stop(self, source: str) -> tuple[float, float, list[float]]:
         """(keep, go_on, shifts) for a draft of `source` (drafters.autoregress): keep a drawn token while the
         chance that the whole draft passes is worth its verification at the run's best rate, draw another while
         it is worth a draft step too; each row's chances shifted by its fit for the source."""

@@ -13,7 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from .errors import UsageError
-from .stats import REQUIRED, SourceStats, plain_last, rates_text, render, short_paths, table
+from .stats import REQUIRED, SourceStats
+from .tables import plain_last, rates_text, render, short_paths, table
 from .plot import check as check_plot, plot
 from .writers import check_writable
 
@@ -110,23 +111,9 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     combination no view can honour is refused, naming the flags."""
     from . import runlog
 
-    views = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
-             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export}
-    given = {**views, "--clear": clear}
-    one_run = "--plot draws one run: the last (alone) or the one --run ID names; `stats --last N` lists the ids"
-    for a, b, why in [  # the first combination no view can honour
-        *[("--clear", f, "--clear deletes every record and shows nothing") for f in views],
-        *[("--file", f, "--file renders one statistics file, not the run log") for f in (
-            "--last", "--by", "--compare", "--since", "--model", "--profile", "--export", "--run")],
-        *[("--export", f, "--export writes the records themselves, not a view of them") for f in ("--by", "--compare")],
-        ("--export", "--run", "--export writes every matching record; --run shows one"),
-        ("--export", "--plot", "--export writes records, --plot a run's charts"),
-        ("--export", "--json", "--export jsonl is already JSON (one record a line)"),
-        ("--by", "--compare", "choose one view: aggregates (--by) or a comparison (--compare)"),
-        *[("--run", f, "--run shows one run in full") for f in ("--last", "--by", "--compare")],
-        *[("--plot", f, one_run) for f in ("--last", "--by", "--compare")]]:
-        if given.get(a) and given.get(b):
-            raise UsageError(f"{a} and {b} together: {why}")
+    _refuse({"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
+             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export,
+             "--clear": clear})
     if clear:
         clear()
         print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
@@ -162,17 +149,7 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
     shown = short_paths([str(r["model"]) for r in records]) if not as_json and sys.stdout.isatty() else {}
     name = lambda model: shown.get(model, model)  # noqa: E731  (a table's model: JSON keeps the whole path)
     if compare:
-        if len(compare) != 2:
-            raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
-        by_id = all(x.isdigit() for x in compare)
-        sides = [[r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)] for key in compare]
-        if (empty := next((key for key, side in zip(compare, sides) if not side), None)) is not None:
-            raise UsageError(f"--compare {empty}: no matching runs in the log")
-        if not by_id:  # (two run ids: one run a side, each its own model)
-            one_model(sides[0] + sides[1], f"--compare {compare[0]} --compare {compare[1]}")
-        models_ = [name(str(side[0]["model"])) for side in sides]
-        rows = [["model", *models_, None], *compare_rows(*(aggregate(s) for s in sides))]
-        doc, headers = {"a": compare[0], "b": compare[1], "rows": rows}, ["metric", *compare, "ratio B/A"]
+        doc, headers, rows = _compare(records, compare, name)
     elif by:
         doc = group_by(records, by)  # (headers in words, which a narrow column wraps)
         headers = [by, *(k.replace("_", " ") for k in next(iter(doc.values())))]
@@ -190,6 +167,40 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
         print(json.dumps(doc))
     else:
         table(headers, rows)
+
+
+def _refuse(given: dict[str, Any]) -> None:
+    """The first combination of `stats` flags given that no view can honour, refused naming both."""
+    views = [f for f in given if f != "--clear"]
+    one_run = "--plot draws one run: the last (alone) or the one --run ID names; `stats --last N` lists the ids"
+    for a, b, why in [
+        *[("--clear", f, "--clear deletes every record and shows nothing") for f in views],
+        *[("--file", f, "--file renders one statistics file, not the run log") for f in (
+            "--last", "--by", "--compare", "--since", "--model", "--profile", "--export", "--run")],
+        *[("--export", f, "--export writes the records themselves, not a view of them") for f in ("--by", "--compare")],
+        ("--export", "--run", "--export writes every matching record; --run shows one"),
+        ("--export", "--plot", "--export writes records, --plot a run's charts"),
+        ("--export", "--json", "--export jsonl is already JSON (one record a line)"),
+        ("--by", "--compare", "choose one view: aggregates (--by) or a comparison (--compare)"),
+        *[("--run", f, "--run shows one run in full") for f in ("--last", "--by", "--compare")],
+        *[("--plot", f, one_run) for f in ("--last", "--by", "--compare")]]:
+        if given.get(a) and given.get(b):
+            raise UsageError(f"{a} and {b} together: {why}")
+
+
+def _compare(records: list[dict], compare: list[str], name) -> tuple[dict, list[str], list[list[Any]]]:
+    """--compare A --compare B: two profiles' runs (of one model), or two runs by id, metric by metric."""
+    if len(compare) != 2:
+        raise UsageError("--compare takes two profiles or two run ids: --compare A --compare B")
+    by_id = all(re.fullmatch("[0-9]+", x) for x in compare)  # (not isdigit: '²' is a digit, not a number)
+    sides = [[r for r in records if (r["id"] == int(key) if by_id else r["profile"] == key)] for key in compare]
+    if (empty := next((key for key, side in zip(compare, sides) if not side), None)) is not None:
+        raise UsageError(f"--compare {empty}: no matching runs in the log")
+    if not by_id:  # (two run ids: one run a side, each its own model)
+        one_model(sides[0] + sides[1], f"--compare {compare[0]} --compare {compare[1]}")
+    rows = [["model", *(name(str(side[0]["model"])) for side in sides), None],
+            *compare_rows(*(aggregate(s) for s in sides))]
+    return {"a": compare[0], "b": compare[1], "rows": rows}, ["metric", *compare, "ratio B/A"], rows
 
 
 def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str, name: str) -> None:

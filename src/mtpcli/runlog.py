@@ -253,6 +253,8 @@ def _record(row: sqlite3.Row) -> dict[str, Any]:
     for c in ("settings", "stats"):
         if not isinstance(rec[c], dict):
             raise ValueError(f"its {c} is a JSON {type(rec[c]).__name__}, not an object")
+    if not isinstance(rec["stats"].get("sources", {}), (dict, type(None))):
+        raise ValueError(f"its stats' sources is a JSON {type(rec['stats']['sources']).__name__}, not an object")
     if bad := next((k for k in REQUIRED if k not in rec["stats"]), None):
         raise ValueError(f"its stats have no {bad}")
     if bad := next((k for k in NUMBERS if not isinstance(rec["stats"][k], (int, float))), None):

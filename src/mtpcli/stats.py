@@ -1,17 +1,14 @@
-"""Per-run cycle statistics: collected by the engine, merged over completions, rendered on stderr; and the one
-table printer every command uses."""
+"""Per-run cycle statistics: collected by the engine, merged over completions, kept as records (`to_dict`: what the
+run log and --stats-json hold); tables.py renders them."""
 
 from __future__ import annotations
 
 import functools
-import statistics
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import zip_longest
-from typing import Any, Sequence, TextIO
+from typing import Any
 
-SPARK = "▁▂▃▄▅▆▇█"
 PLAIN = "plain"  # the name of width-0 cycles (plain decoding steps) in per-source statistics
 REQUIRED = ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate", "tokens_per_cycle",
             "accept_by_position", "accept_length_hist", "draft_width_hist", "prefill_tps", "decode_tps",
@@ -84,14 +81,6 @@ class SourceStats(_Drafts):
                    d.get("committed", 0), d.get("seconds", 0.0))
 
 
-def plain_last(sources: dict[str, Any]) -> list[tuple[str, Any]]:
-    return sorted(sources.items(), key=lambda kv: (kv[0] == PLAIN, kv[0]))
-
-
-def rates_text(rates: list[float]) -> str:
-    return " ".join(f"{x:.2f}" for x in rates)
-
-
 @dataclass
 class RunStats(_Drafts):
     """One request's decoding (or several merged): counts, histograms, traces, timings, per-source shares."""
@@ -102,7 +91,7 @@ class RunStats(_Drafts):
     draft_widths: Counter = field(default_factory=Counter)
     width_trace: list[int] = field(default_factory=list)
     tpc_trace: list[int] = field(default_factory=list)
-    floor_cut: int = 0  # drafts cut short by the draft's confidence floor (p_min, or auto's cost floor)
+    cut_short: int = 0  # drafts a stop cut short (p_min's confidence cut, or auto's stop: policy.stop)
     prefill_s: float = 0.0  # the target's prompt prefill
     prefill_tokens: int = 0
     draft_prefill_s: float = 0.0  # the draft model's: its prompt at the start, and a backlog it caught up on later
@@ -111,7 +100,7 @@ class RunStats(_Drafts):
     load_s: float | None = None  # loading the models (the run's, not a completion's)
     ttft_s: float | None = None
     peak_memory_bytes: int = 0
-    controller_estimate: float | None = None
+    width_estimate: float | None = None  # the width policy's (record key: controller_estimate)
     typical: dict[str, Any] | None = None
     shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
     prompt_cached_tokens: int = 0  # prompt tokens the target took from kept prefills (prefix.py)
@@ -145,7 +134,7 @@ class RunStats(_Drafts):
     def merge(self, other: "RunStats") -> "RunStats":
         """Two runs of the same settings together (a batch's rows, -n's completions: a shared prompt counts once)."""
         out = RunStats()
-        for name in ("generated_tokens", "cycles", "drafted", "accepted", "floor_cut", "prefill_s", "prefill_tokens",
+        for name in ("generated_tokens", "cycles", "drafted", "accepted", "cut_short", "prefill_s", "prefill_tokens",
                      "draft_prefill_s", "draft_prefill_tokens", "prompt_cached_tokens", "draft_cached_tokens",
                      "decode_s", "accept_lengths", "draft_widths", "_typical_sums", "width_trace", "tpc_trace",
                      "source_trace", "trees", "forced_tokens"):
@@ -158,7 +147,7 @@ class RunStats(_Drafts):
         out.ttft_s = min((t for t in (self.ttft_s, other.ttft_s) if t is not None), default=None)
         out.peak_memory_bytes = max(self.peak_memory_bytes, other.peak_memory_bytes)
         out.load_s = self.load_s if self.load_s is not None else other.load_s
-        out.controller_estimate = other.controller_estimate
+        out.width_estimate = other.width_estimate
         out.typical = self.typical or other.typical
         return out
 
@@ -197,8 +186,8 @@ class RunStats(_Drafts):
               "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps, "ttft_s": self.ttft_s,
               "load_s": self.load_s, "prefill_s": self.prefill_s, "draft_prefill_s": self.draft_prefill_s,
               "draft_prefill_tokens": self.draft_prefill_tokens, "decode_s": self.decode_s,
-              "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.floor_cut,
-              "controller_estimate": self.controller_estimate, "width_trace": self.width_trace,
+              "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.cut_short,
+              "controller_estimate": self.width_estimate, "width_trace": self.width_trace,
               "tokens_per_cycle_trace": self.tpc_trace,
               "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
               "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,
@@ -210,130 +199,3 @@ class RunStats(_Drafts):
             d["trees"] = {"cycles": n, "chain_cycles": sum(v for k, v in self.draft_widths.items() if k) - n, "nodes_per_cycle": self.trees["nodes"] / n,
                           "accepted_depth": self.trees["depth"] / n, "side_paths": self.trees["side"]}
         return d
-
-
-def table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]], out: TextIO | None = None,
-          tty: bool | None = None, title: str | None = None) -> None:
-    """A rich table on a terminal; aligned plain text otherwise. Without headers the rows are (key, value) pairs:
-    keys in bold cyan on a terminal, `key: value` lines (untitled) otherwise."""
-    out = out or sys.stdout
-    tty = out.isatty() if tty is None else tty
-    cells = [[_fmt(c) for c in r] for r in rows]
-    if tty:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-
-        t = Table(title=title, title_justify="left", show_header=headers is not None)
-        for i, h in enumerate(headers or ("", "")):  # without headers: the keys' column in bold cyan
-            t.add_column(Text(h), style="bold cyan" if headers is None and i == 0 else None, overflow="fold")  # (wraps)
-        for r in cells:  # (Text: no cell or header is read as markup, which dropped bench's "[min-max]")
-            t.add_row(*map(Text, r))
-        Console(file=out, force_terminal=True).print(t)
-    elif headers is None:
-        for k, v in cells:
-            print(f"{k}: {v}", file=out)
-    else:
-        widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-        if title:
-            print(title, file=out)
-        for r in [[str(h) for h in headers], *cells]:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
-
-
-def short_paths(values: Sequence[str]) -> dict[str, str]:
-    """Each distinct value as a table shows it: a path cut to the fewest last components that tell it apart from the
-    others ('…/' marks the cut), so that rows of models in the same folder differ where their paths do."""
-    parts = {v: v.rstrip("/").split("/") for v in set(values)}
-    out = {}
-    for v, p in parts.items():
-        k = next((k for k in range(1, len(p)) if all(q[-k:] != p[-k:] for u, q in parts.items() if u != v)), len(p))
-        short = "…/" + "/".join(p[-k:])
-        out[v] = short if len(short) < len(v) else v
-    return out
-
-
-def _fmt(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
-    return "-" if x is None else str(x)
-
-
-def sparkline(values: list[int] | list[float], width: int = 60) -> str:
-    if not values:
-        return ""
-    if len(values) > width:  # bucket means
-        step = len(values) / width
-        values = [statistics.fmean(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)])
-                  for i in range(width)]
-    lo, hi = min(values), max(values)
-    span = (hi - lo) or 1
-    return "".join(SPARK[min(int((v - lo) / span * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in values)
-
-
-def _hist(h: dict) -> str:
-    return " ".join(f"{k}:{v}" for k, v in h.items()) or "-"
-
-
-def _seconds(d: dict[str, Any]) -> list[tuple[str, str]]:
-    """Where the run's time went (records of earlier versions lack it): loading, each model's prefill, decoding."""
-    if d.get("decode_s") is None:
-        return []
-    load = f"load {d['load_s']:.2f} s, " if d.get("load_s") is not None else ""
-    draft = f", draft model prefill {d['draft_prefill_s']:.2f} s ({d['draft_prefill_tokens']} tokens)" \
-        if d.get("draft_prefill_tokens") else ""
-    return [("seconds", f"{load}prefill {d['prefill_s']:.2f} s{draft}, decode {d['decode_s']:.2f} s")]
-
-
-def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
-    """The rows of a run's statistics, from its record (RunStats.to_dict, as the run log keeps it)."""
-    rows = [(k, str(d[k])) for k in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted")]
-    if d.get("prompt_cached_tokens") or d.get("draft_cached_tokens"):  # (kept prefills: prefix.py)
-        rows.insert(1, ("prompt_cached_tokens", f"{d['prompt_cached_tokens']} (draft model "
-                                                f"{d.get('draft_cached_tokens', 0)})"))
-    rows += [("acceptance_rate", f"{d['acceptance_rate']:.3f}"), ("tokens_per_cycle", f"{d['tokens_per_cycle']:.3f}"),
-             ("accept_by_position", rates_text(d["accept_by_position"]) or "-"),
-             ("accept_length_hist", _hist(d["accept_length_hist"])), ("draft_width_hist", _hist(d["draft_width_hist"])),
-             ("prefill_tps", f"{d['prefill_tps']:.1f}"), ("decode_tps", f"{d['decode_tps']:.2f}"),
-             ("ttft_s", f"{d['ttft_s']:.3f}" if d.get("ttft_s") is not None else "-"),
-             *_seconds(d),
-             ("peak_memory", f"{d['peak_memory_bytes'] / 2**20:.1f} MiB")]
-    if d.get("controller_estimate") is not None:
-        rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))
-    if d.get("floor_cut_drafts"):
-        rows.append(("floor_cut_drafts", str(d["floor_cut_drafts"])))
-    if d.get("forced_tokens"):  # (a constraint's)
-        rows.append(("forced_tokens", f"{d['forced_tokens']} ({d['forced_tokens'] / max(d['generated_tokens'], 1):.0%} "
-                                      "of the generated tokens)"))
-    if d.get("trees"):
-        t = d["trees"]
-        rows.append(("trees", f"{t['cycles']} cycles ({t['chain_cycles']} chains), {t['nodes_per_cycle']:.1f} nodes "
-                              f"verified per cycle, accepted depth {t['accepted_depth']:.2f}, "
-                              f"{t['side_paths']} paths through a later child"))
-    if q := d.get("task"):  # a bench arm scored on a task (mtpcli bench --task)
-        rows.append(("task", f"{q['name']}: pass@1 {q['pass_at_1']:.3f} [{q['interval'][0]:.3f}-{q['interval'][1]:.3f}]"
-                             f" ({q['passed']}/{q['runs']}; {q['format'].split(':')[0]})"))
-    sources = d.get("sources") or {}
-    if len(sources) > 1:  # auto, or a run that also took plain steps: what each source contributed
-        for name, st in plain_last(sources):
-            share = f"{st['time_share']:.0%} of decode time"
-            rows.append(("plain_steps", f"{st['cycles']} cycles, {share}") if name == PLAIN else (
-                f"source {name}", f"{st['cycles']} cycles, drafted {st['drafted']}, accepted {st['accepted']} "
-                f"({st['acceptance_rate']:.2f}; by position {rates_text(st['accept_by_position'])}), "
-                f"{st['tokens_per_cycle']:.2f} tokens/cycle, {share}"))
-    return rows
-
-
-def render(d: dict[str, Any], out: TextIO, tty: bool, title: str = "mtpcli run") -> None:
-    """A run's record as a rich table on a terminal (with the traces and histogram bars), else `key: value` lines."""
-    rows = summary_rows(d)
-    if tty:
-        widths, tpc = d.get("width_trace") or [], d.get("tokens_per_cycle_trace") or []
-        if len(set(widths)) > 1:
-            rows.append(("draft_width_trace", sparkline(widths)))
-        if tpc:
-            rows.append(("tokens_per_cycle_trace", sparkline(tpc)))
-        for label, hist in (("accept_length", d["accept_length_hist"]), ("draft_width", d["draft_width_hist"])):
-            total = sum(hist.values()) or 1
-            rows += [(f"{label}={k}", f"{'█' * max(1, round(30 * v / total))} {v}") for k, v in hist.items()]
-    table(None, rows, out, tty, title)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .stats import table
+from .tables import table
 
 TASKS = ("humaneval",)
 STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # HumanEval's stop sequences (Chen et al. 2021)

@@ -23,7 +23,7 @@ from ..tree import Shape, merge, pays
 class Draft:
     tokens: mx.array  # (B, k) int32; row b's real drafts are the first lengths[b], the rest padding
     q: mx.array | None  # (B, k, V) draft distributions, or None for deterministic (one-hot) drafts
-    lengths: list[int]  # realized draft length per row (a confidence floor may cut a draft short)
+    lengths: list[int]  # realized draft length per row (a stop, p_min or auto's, may cut it short)
     requested: list[int]  # the width each row was asked for
     chances: list[list[float]] | None = None  # per row, each drafted token's chance to pass as its source
     #                                           estimates it (n-gram match, the draft's confidence), if it does
@@ -39,6 +39,14 @@ class Draft:
 
 def empty(caps: list[int]) -> Draft:
     return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
+
+
+def drawing(keys: list, caps: list[int]) -> Callable[[mx.array, int], mx.array]:
+    """draw(q, j): each row's token at draft position j from its q (B, V), with the row's own keys (so it draws what
+    it would draw alone); past the row's cap, its argmax (padding)."""
+    split = [mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
+    return lambda q, j: mx.concatenate([sample(q[b], split[b][j]).reshape(1) if j < c else
+                                        mx.argmax(q[b]).reshape(1) for b, c in enumerate(caps)]).astype(mx.int32)
 
 
 def passes(conf: float, greedy: bool) -> float:
@@ -66,7 +74,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     Under a constraint (`guide`, constrain.Guide), each step's logits are masked by the matcher after the row's
     drafts so far: q is restricted along the draft's own path."""
     B, k = len(caps), max(caps)
-    row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
+    draw = None if sp.greedy else drawing(keys, caps)
     lengths, tokens, qs = list(caps), [], []
     chance = [1.0] * B
     raw: list[list[float]] = [[] for _ in range(B)]
@@ -81,8 +89,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
                 qs.append(conf)
         else:
             conf = q = probs(logits, sp)
-            t = mx.concatenate([sample(q[b], row_keys[b][j]).reshape(1) if j < caps[b] else
-                                mx.argmax(q[b]).reshape(1) for b in range(B)]).astype(mx.int32)
+            t = draw(q, j)
             qs.append(q)
         if p_min > 0.0 or keep > 0.0 or go_on > 0.0:
             for b, c in enumerate(conf.max(axis=-1).tolist()):

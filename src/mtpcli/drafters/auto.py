@@ -16,8 +16,8 @@ class AutoDrafter(Drafter):
         self.taps = next((d.taps for d in self.sources.values() if d.taps), ())  # (one source reads hidden states)
         self.max_rows = min((d.max_rows for d in self.sources.values() if d.max_rows), default=None)
 
-    def lookahead(self, source: str, contexts: list, k: int) -> list | None:
-        """What `source` has for each row before drafting (the policy asks, per source)."""
+    def available_of(self, source: str, contexts: list, k: int) -> list | None:
+        """What `source` has for each row before drafting (its `available`; the policy asks, per source)."""
         return self.sources[source].available(contexts, k)
 
     def backlogs(self, source: str, contexts: list) -> list[int] | None:

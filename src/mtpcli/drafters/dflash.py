@@ -11,8 +11,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..sampling import SamplingParams, probs, sample
-from . import Draft, HeadDrafter, empty
+from ..cache import in_chunks
+from ..sampling import SamplingParams, probs
+from . import Draft, HeadDrafter, drawing, empty
 
 
 class DFlashDrafter(HeadDrafter):
@@ -26,11 +27,12 @@ class DFlashDrafter(HeadDrafter):
         if (padded := self._padded()) is None:
             return
         states, _, valid = padded
-        for i in range(0, valid.shape[1], self.prefill_step):
-            self.io.hidden = states[:, i : i + self.prefill_step]
-            self.lm.forward(mx.zeros(valid[:, i : i + self.prefill_step].shape, mx.int32),
-                            valid[:, i : i + self.prefill_step], last=True)
-            mx.eval([c.state for c in self.lm.caches])
+
+        def feed(i, j):
+            self.io.hidden = states[:, i:j]
+            self.lm.forward(mx.zeros(valid[:, i:j].shape, mx.int32), valid[:, i:j], last=True)
+
+        in_chunks(feed, valid.shape[1], self.prefill_step, self.lm.states)
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         self._write()
@@ -48,7 +50,5 @@ class DFlashDrafter(HeadDrafter):
             return Draft(mx.argmax(logits, axis=-1).astype(mx.int32), None, caps, list(caps))
         V = logits.shape[-1]
         q = probs(logits.reshape(B * k, V), sp).reshape(B, k, V)
-        row_keys = [mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]  # a row's own: as alone
-        tokens = mx.stack([mx.concatenate([sample(q[b, j], row_keys[b][j]).reshape(1) if j < caps[b] else
-                                           mx.argmax(q[b, j]).reshape(1) for j in range(k)]) for b in range(B)])
-        return Draft(tokens.astype(mx.int32), q, caps, list(caps))
+        draw = drawing(keys, caps)
+        return Draft(mx.stack([draw(q[:, j], j) for j in range(k)], axis=1), q, caps, list(caps))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..cache import in_chunks
 from ..sampling import SamplingParams
 from . import Draft, HeadDrafter, empty
 from .model import ModelDrafter, chain_or_tree
@@ -42,11 +43,10 @@ class EagleDrafter(HeadDrafter):
             return empty(caps)
         self._committed = self.lm.pos + np.array(lens)
         hidden, tokens, valid = self._padded()
-        step_n = self.prefill_step
-        while hidden.shape[1] > step_n + 1:  # a long backlog (a prompt, cycles another source drafted): in chunks
-            self._feed(hidden[:, :step_n], True, tokens[:, :step_n], valid[:, :step_n])
-            mx.eval([c.state for c in self.lm.caches])
-            hidden, tokens, valid = hidden[:, step_n:], tokens[:, step_n:], valid[:, step_n:]
+        # a long backlog (a prompt, cycles another source drafted): in chunks
+        at = in_chunks(lambda i, j: self._feed(hidden[:, i:j], True, tokens[:, i:j], valid[:, i:j]), hidden.shape[1],
+                       self.prefill_step, self.lm.states, leave=self.prefill_step + 1)
+        hidden, tokens, valid = hidden[:, at:], tokens[:, at:], valid[:, at:]
 
         def step(t):
             if t is None:

@@ -7,7 +7,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..cache import LM
+from ..cache import LM, in_chunks
 from ..sampling import SamplingParams
 from ..tree import Shape, merge, pays
 from . import Draft, Drafter, autoregress, passes
@@ -83,12 +83,10 @@ class ModelDrafter(Drafter):
         x, valid = np.zeros((B, m), np.int32), np.zeros((B, m), bool)
         for b, p in enumerate(pending):
             x[b, m - len(p):], valid[b, m - len(p):] = p, True
-        step_n = self.lm.prefill_step
-        while x.shape[1] > step_n + 1:  # a long backlog (cycles another source drafted): in chunks, committed
-            self.lm.forward(mx.array(x[:, :step_n]), valid[:, :step_n], last=True)
-            mx.eval([getattr(c, "state", []) for c in self.lm.caches])
-            x, valid = x[:, step_n:], valid[:, step_n:]
-        block = [mx.array(x), valid]
+        # a long backlog (cycles another source drafted): in chunks, committed
+        at = in_chunks(lambda i, j: self.lm.forward(mx.array(x[:, i:j]), valid[:, i:j], last=True), m,
+                       self.lm.prefill_step, self.lm.states, leave=self.lm.prefill_step + 1)
+        block = [mx.array(x[:, at:]), valid[:, at:]]
         self.lm.checkpoint()  # recurrent draft models: the state to come back to
 
         def step(t):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from ..cache import split_model
+from ..cache import in_chunks, split_model
 from ..sampling import SamplingParams
 from . import Draft, Drafter, autoregress, empty
 
@@ -46,11 +46,10 @@ class MtpDrafter(Drafter):
             return empty([0] * len(caps))  # no pair yet: nothing was asked
         (parts, tokens), self.pending = self.pending, None
         hidden = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
-        step_n = self.prefill_step
-        while hidden.shape[1] > step_n + 1:  # a long backlog (a prompt, cycles another source drafted): in chunks
-            self._run(hidden[:, :step_n], tokens[:step_n])
-            mx.eval(self.cache.state)
-            hidden, tokens = hidden[:, step_n:], tokens[step_n:]
+        # a long backlog (a prompt, cycles another source drafted): in chunks
+        at = in_chunks(lambda i, j: self._run(hidden[:, i:j], tokens[i:j]), hidden.shape[1], self.prefill_step,
+                       lambda: self.cache.state, leave=self.prefill_step + 1)
+        hidden, tokens = hidden[:, at:], tokens[at:]
         self._committed = self.cache.offset + hidden.shape[1]  # the entries once the pending pairs are fed
         h = None
 

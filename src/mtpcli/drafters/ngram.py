@@ -21,10 +21,10 @@ PSEUDO, POWER = 10.0, 1.5
 
 
 class Index:
-    """n-gram -> latest start, for n in [n_min, n_max], over one growing context."""
+    """n-gram -> latest start, for n in [shortest, longest], over one growing context."""
 
-    def __init__(self, n_min: int, n_max: int):
-        self.tables: dict[int, dict[tuple, int]] = {n: {} for n in range(n_min, n_max + 1)}
+    def __init__(self, shortest: int, longest: int):
+        self.tables: dict[int, dict[tuple, int]] = {n: {} for n in range(shortest, longest + 1)}
         self.before: dict[int, dict[int, int]] = {n: {} for n in self.tables}  # start -> the n-gram's previous start
         self.done = {n: 0 for n in self.tables}  # positions indexed so far, per n
 
@@ -57,12 +57,12 @@ class Index:
 class NgramDrafter(Lookup):
     name = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 4):
-        self.n_min, self.n_max = n_min, n_max
+    def __init__(self, shortest: int = 2, longest: int = 4):  # (n-gram lengths: settings ngram_min, ngram_max)
+        self.shortest, self.longest = shortest, longest
         self.rows: list[Index] = []
 
     def new_row(self, prompt: list[int]) -> Index:
-        return Index(self.n_min, self.n_max)
+        return Index(self.shortest, self.longest)
 
     def looks(self, row: int, context: list[int], k: int, count: int) -> list[tuple[list[int], list[float]]]:
         """The drafts of up to `count` earlier occurrences, latest first (a tree's candidates)."""
