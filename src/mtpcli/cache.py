@@ -17,6 +17,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 from .errors import ModelError
 from .layout import STEP, Layout, RowKV, TreeRope
+from .tree import Shape
 
 BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
 
@@ -361,7 +362,7 @@ class LM:
         follow it (their keys were made at their depth's position: they stay right where they land)."""
         n = self._tree_n
         at = self.layout.write - n
-        if any(p != list(range(1, len(p) + 1)) for p in paths):
+        if any(Shape.followed(p) < len(p) for p in paths):
             idx = np.tile(np.arange(n), (self.rows, 1))
             for b, p in enumerate(paths):
                 idx[b, 1 : 1 + len(p)] = p

@@ -303,9 +303,7 @@ class Engine:
                     [range(n + 1) for n in n_acc])
         paths = [draft.tree.path(b, v) for b, v in enumerate(judged.verdict.node.tolist())]
         self.target.keep_path(before, paths)
-        depth = draft.tree.depth
-        chain = [int(np.argmax(np.append(depth[b, 1:] != np.arange(1, draft.k + 1), True))) for b in range(len(rows))]
-        kept = [next((i for i, j in enumerate(p) if j != i + 1), len(p)) for p in paths]
+        chain, kept = [draft.tree.chain(b) for b in range(len(rows))], [draft.tree.followed(p) for p in paths]
         for r, n, p, c in zip(rows, draft.lengths, paths, kept):
             if n:
                 r.run.record_tree(n, len(p), c < len(p))

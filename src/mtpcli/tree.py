@@ -49,6 +49,20 @@ class Shape:
             node = int(self.parents[b, node - 1])
         return out[::-1]
 
+    def chain(self, b: int) -> int:
+        """Row b's first-child chain: its nodes at positions 1..d."""
+        return chain(self.parents[b])
+
+    @staticmethod
+    def followed(path: list[int]) -> int:
+        """How far a path (positions from the root's child down) follows the first-child chain."""
+        return chain([j - 1 for j in path])  # (on the chain, position j's parent is j - 1)
+
+
+def chain(parents) -> int:
+    """How many nodes of a tree (their parents' positions, depth-first) are its first-child chain: parents 0, 1, ..."""
+    return next((i for i, par in enumerate(parents) if par != i), len(parents))
+
 
 def merge(candidates: list[list[int]], budget: int, width: int) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """A tree from candidate continuations in order of preference (the first is the chain a chain draft would be):

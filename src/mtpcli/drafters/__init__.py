@@ -16,7 +16,7 @@ from ..cache import LM
 from ..controller import Plan
 from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
-from ..tree import Shape, merge, pays
+from ..tree import Shape, chain, merge, pays
 
 
 @dataclass
@@ -234,8 +234,7 @@ class Lookup(Drafter):
             cands = self.looks(b, c, min(k, self.nodes), 2 * self.children) if k > 0 else []
             firsts.append(cands[0] if cands else ([], []))
             tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
-            chain = next((i for i, par in enumerate(parents) if par != i), len(parents))
-            rows.append((tokens, parents, cands[0][1][:chain] if cands else []))
+            rows.append((tokens, parents, cands[0][1][:chain(parents)] if cands else []))
             chances.append((parents, [cands[o][1][i] for o, i in origins]))
         n = max(len(t) for t, _, _ in rows)
         if n == 0:
