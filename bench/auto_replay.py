@@ -191,7 +191,7 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
     while t < min(tokens, len(gen) - 1):
         context = ids + gen[:t]
         if fixed is None:
-            source, k = pol.plan([context])
+            source, k = (plan := pol.plan([context])).source, plan.width
         elif fixed == "ngram":
             k = min(int(width), len(lookup.available([context], int(width))[0]))
             source = "ngram" if k else None

@@ -11,7 +11,8 @@ import pytest
 
 from mtpcli import assemble, models, verify
 from mtpcli.controller import FixedWidth
-from mtpcli.drafters import NoDraft, passes
+from mtpcli.drafters import NoDraft
+from mtpcli.stop import passes
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .stop import Stop
 
 
-class Plan(tuple):
-    """(source, width): the source that drafts (None: the engine's one drafter, or a plain step at width 0) and the
-    width; `stop` (keep, go_on, shifts): where a draft that stops itself stops (drafters.autoregress), or None."""
+@dataclass(frozen=True)
+class Plan:
+    """A cycle's plan for the batch: the source that drafts (None: the engine's one drafter, or a plain step at width
+    0), its width, and where a draft that stops itself stops (stop.Stop; None: where p_min says)."""
 
-    def __new__(cls, source: str | None, width: int, stop: tuple | None = None):
-        plan = super().__new__(cls, (source, width))
-        plan.stop = stop
-        return plan
-
-    source = property(lambda self: self[0])
-    width = property(lambda self: self[1])
+    source: str | None
+    width: int
+    stop: Stop | None = None
 
 
 class WidthPolicy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import mlx.core as mx
@@ -320,7 +320,7 @@ class Engine:
         """The source is the drafter's own unless the policy chooses among several; width 0 is a plain step."""
         plan = self.policy.plan([r.context for r in self.rows], [r.req.max_tokens - r.generated for r in self.rows]) \
             if self.drafter.speculates else PLAIN
-        return Plan(plan.source or self.drafter.name, plan.width, plan.stop) if plan.width else PLAIN
+        return replace(plan, source=plan.source or self.drafter.name) if plan.width else PLAIN
 
     def _ahead(self, f: Flight | None) -> Plan | None:
         """The plan of a plain step to launch while plain step `f` is in flight, or None: always without a drafter;

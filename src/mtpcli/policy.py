@@ -29,25 +29,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .controller import Plan, WidthPolicy
-from .costs import BEND, Costs, CostFit
+from .costs import Costs, CostFit
+from .stop import EDGE, Stop, logit, shifted
 
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
 CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by this at every later token
 CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
 CONF_CAP = 1.5  # the most (in log-odds) a row's confidence moves the kept acceptance
-EDGE = 1e-4  # estimates are taken within [EDGE, 1 - EDGE]
 CATCH_TIMED = 16  # a catch-up of at least this many tokens times the source's prefill (`Costs.prefill`)
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, EDGE), 1 - EDGE)
-    return math.log(p / (1 - p))
-
-
-def shifted(p: float, shift: float) -> float:
-    """p with its log-odds moved by `shift`."""
-    return p if shift == 0.0 else 1.0 / (1.0 + math.exp(-(_logit(p) + shift)))
 
 
 def fit_shift(points: Sequence[tuple[float, float]], prior: float = 0.0, sd: float = SHIFT_SD) -> float:
@@ -135,7 +125,7 @@ class AutoPolicy(WidthPolicy):
             return 0.0
         total, weight = self.conf[member]
         c = (total + CONF_PRIOR * kept[0]) / (weight + CONF_PRIOR)
-        return max(-CONF_CAP, min(CONF_CAP, _logit(c) - _logit(kept[0])))
+        return max(-CONF_CAP, min(CONF_CAP, logit(c) - logit(kept[0])))
 
     def expected(self, source: str, k: int, member: int = 0, estimates: Sequence[float] = ()) -> float:
         """Expected committed tokens of a cycle drafting k tokens of `source`."""
@@ -216,16 +206,10 @@ class AutoPolicy(WidthPolicy):
         got.shift = self.costs.shift  # (the run's own points are its rows' already: not counted twice)
         self.costs, self._shifts = got, {}
 
-    def floor(self, source: str) -> tuple[float, float, list[float]]:
-        """(keep, go_on, shifts) for a draft of `source` (drafters.autoregress): keep a drawn token while the
-        chance that the whole draft passes is worth its verification at the run's best rate, draw another while
-        it is worth a draft step too; each row's chances shifted by its fit for the source."""
-        step, per = self.costs.step, self.costs.per_token
-        check = step * self.costs.verify * self.widest.get(source, self.n_max) ** (BEND - 1)  # a token's, on average
-        cost = per.get(source, step) + check  # over its widest draft (verify 0: in per_token, priced by lookup's)
-        verify = check if self.costs.verify else min(per.get("ngram", 0.1 * step), cost)
-        rate = max(self.rate, 1.0 / step)
-        return min(0.95, verify * rate), min(0.95, cost * rate), [self.shift(source, b) for b in range(self.batch)]
+    def floor(self, source: str) -> Stop:
+        """Where a draft of `source` stops (stop.Stop): at the run's best rate, each row shifted by its fit for it."""
+        return Stop.of(self.costs, source, self.widest.get(source, self.n_max), self.rate,
+                       [self.shift(source, b) for b in range(self.batch)])
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
@@ -239,7 +223,7 @@ class AutoPolicy(WidthPolicy):
             if source not in self.seen:
                 continue
             if chances is not None:
-                new = [(_logit(c), float(i < a)) for i, c in enumerate(chances[b][: min(n, a + 1)])]
+                new = [(logit(c), float(i < a)) for i, c in enumerate(chances[b][: min(n, a + 1)])]
                 self.points[b][source] = (self.points[b][source] + new)[-SHIFT_POINTS:]
                 self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
                 self._shifts.pop((source, b), None)
@@ -281,7 +265,7 @@ class AutoPolicy(WidthPolicy):
         return costs
 
     def estimate(self, member: int = 0) -> float | None:
-        s, k = self.last[0], self.scored
+        s, k = self.last.source, self.scored
         if s is None:
             return None
         est = self.own.get(s)

@@ -14,8 +14,8 @@ import numpy as np
 
 from ..cache import LM
 from ..controller import Plan
-from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
+from ..stop import Rule, Stop
 from ..tree import Shape, chain, merge, pays
 
 
@@ -41,36 +41,17 @@ def empty(caps: list[int]) -> Draft:
     return Draft(mx.zeros((len(caps), 0), mx.int32), None, [0] * len(caps), list(caps))
 
 
-def passes(conf: float, greedy: bool) -> float:
-    """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability), fitted
-    on text that is not the benchmark's (docs/perf/cpu/draft-confidence.txt, by bench/draft_confidence.py at
-    b092569): at T = 0 the argmaxes agree a little more often than the confidence says; at T > 0 a token passes
-    with probability sum min(p, q), near 0.5 even where the draft is unsure and near 1 where it is sure (a curve
-    that stopped at 0.95 there made sure tokens' passes a large log-odds shift, which then overstated every unsure
-    token of a row: docs/perf/auto.md)."""
-    return 0.1 + 0.9 * conf if greedy else 0.45 + 0.55 * conf * conf
-
-
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
-                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None,
-                dists: bool = False, guide=None) -> Draft:
+                p_min: float = 0.0, stop: Stop | None = None, dists: bool = False, guide=None) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own keys,
-    so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely token
-    is below p_min. draft = auto weighs each step instead (Plan.stop): with `chance` per row the product of
-    `passes` over its positions so far, shifted in log-odds by the row's `shift`, averaged over the batch's rows
-    (a plain step would give each a token), the token just drawn is kept while that is at least `keep` (its
-    verification's cost), and another step is taken only while it is at least `go_on` (a step's cost). The rows
-    still drafting stop together (the batch's next step and its verify width are paid for all of them). All of it
-    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted.
+    so it draws what it would draw alone. Where each row stops: stop.Rule (p_min, or draft = auto's Plan.stop).
     Under a constraint (`guide`, constrain.Guide), each step's logits are masked by the matcher after the row's
     drafts so far: q is restricted along the draft's own path."""
     B, k = len(caps), max(caps)
     row_keys = [None if sp.greedy else mx.random.split(key, max(c, 1)) for key, c in zip(keys, caps)]
-    lengths, tokens, qs = list(caps), [], []
-    chance = [1.0] * B
-    raw: list[list[float]] = [[] for _ in range(B)]
-    t = None
+    rule, tokens, qs = Rule(caps, sp.greedy, p_min, stop), [], []
+    lengths, t = rule.lengths, None
     along = guide.along(B) if guide is not None and guide.active else None
     for j in range(k):
         logits = step(t) if along is None else along(t, step(t))
@@ -84,16 +65,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
             t = mx.concatenate([sample(q[b], row_keys[b][j]).reshape(1) if j < caps[b] else
                                 mx.argmax(q[b]).reshape(1) for b in range(B)]).astype(mx.int32)
             qs.append(q)
-        if p_min > 0.0 or keep > 0.0 or go_on > 0.0:
-            for b, c in enumerate(conf.max(axis=-1).tolist()):
-                raw[b].append(passes(c, sp.greedy))
-                chance[b] *= shifted(raw[b][-1], shift[b] if shift else 0.0)
-                if c < p_min and j < lengths[b]:
-                    lengths[b] = j
-            going = [b for b in range(B) if j < lengths[b]]
-            mean = sum(chance[b] for b in going) / B  # a plain step would give every row a token
-            for b in going:  # the batch drafts on together or stops
-                lengths[b] = j if mean < keep else j + 1 if mean < go_on else lengths[b]
+        if rule.weighs:
+            rule.weigh(j, conf.max(axis=-1).tolist())
             if max(lengths) <= j:
                 break
         tokens.append(t)
@@ -105,8 +78,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
-    chances = [r[:n] for r, n in zip(raw, lengths)] if raw[0] else None
-    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), chances)
+    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), rule.chances())
 
 
 def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:

@@ -10,16 +10,17 @@ import numpy as np
 from ..cache import LM
 from ..sampling import SamplingParams
 from ..tree import Shape, merge, pays
-from . import Draft, Drafter, autoregress, passes
+from ..stop import passes
+from . import Draft, Drafter, autoregress
 
 
 def chain_or_tree(drafter, step, caps, sp: SamplingParams, keys, plan) -> Draft:
     """A sampled source's draft through `step` (autoregress): a chain, or with a node budget the drafter's tree."""
     if not drafter.nodes:
-        return autoregress(step, caps, sp, keys, drafter.p_min, *(plan and plan.stop or ()), guide=drafter.guide)
+        return autoregress(step, caps, sp, keys, drafter.p_min, stop=plan and plan.stop, guide=drafter.guide)
     split = [mx.random.split(k) if k is not None else (None, None) for k in keys]
     caps = [min(c, drafter.nodes) for c in caps]  # the tree's chain fits its budget
-    chain = autoregress(step, caps, sp, [a for a, _ in split], drafter.p_min, *(plan and plan.stop or ()),
+    chain = autoregress(step, caps, sp, [a for a, _ in split], drafter.p_min, stop=plan and plan.stop,
                         dists=True, guide=drafter.guide)
     return drafter.tree(chain, sp, [b for _, b in split])
 
