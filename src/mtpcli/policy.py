@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -57,11 +58,19 @@ def fit_shift(points: Sequence[tuple[float, float]], prior: float = 0.0, sd: flo
     return d
 
 
+@dataclass
+class Row:
+    """A row's evidence: per source, (log-odds of a drafted token's estimate, passed), for its `shift`; the target's
+    confidence in its recent tokens (a decayed sum, its weight), for its `offset`."""
+
+    points: dict[str, list]
+    conf: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+
 class AutoPolicy(WidthPolicy):
     """The policy of `draft = auto`: plan(contexts) -> Plan(source or None, width, stop)."""
 
     observes = True
-    members = ("points", "conf")
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
@@ -85,10 +94,8 @@ class AutoPolicy(WidthPolicy):
         self.costs, self.warm, self.fit = costs, warm, CostFit(costs, known=warm)
         self.reset()
 
-    def fresh(self, name: str):
-        """A row's `points` per source: (log-odds of a drafted token's estimate, passed), for its `shift`; `conf`:
-        the target's confidence in its recent tokens (a decayed sum, its weight), for its `offset`."""
-        return {s: [] for s in self.sources} if name == "points" else [0.0, 0.0]
+    def fresh(self) -> Row:
+        return Row({s: [] for s in self.sources})
 
     def reset(self, member: int | None = None) -> None:
         super().reset(member)
@@ -112,7 +119,7 @@ class AutoPolicy(WidthPolicy):
         """How far (log-odds) this row's tokens of `source` passed more often than estimated, around the kept shift."""
         got = self._shifts.get((source, member))
         if got is None:
-            got = self._shifts[(source, member)] = fit_shift(self.points[member][source],
+            got = self._shifts[(source, member)] = fit_shift(self.rows[member].points[source],
                                                              self.costs.shift.get(source, [0.0])[0])
         return got
 
@@ -123,7 +130,7 @@ class AutoPolicy(WidthPolicy):
         kept = self.costs.conf.get(source)
         if kept is None:
             return 0.0
-        total, weight = self.conf[member]
+        total, weight = self.rows[member].conf
         c = (total + CONF_PRIOR * kept[0]) / (weight + CONF_PRIOR)
         return max(-CONF_CAP, min(CONF_CAP, logit(c) - logit(kept[0])))
 
@@ -224,13 +231,13 @@ class AutoPolicy(WidthPolicy):
                 continue
             if chances is not None:
                 new = [(logit(c), float(i < a)) for i, c in enumerate(chances[b][: min(n, a + 1)])]
-                self.points[b][source] = (self.points[b][source] + new)[-SHIFT_POINTS:]
+                self.rows[b].points[source] = (self.rows[b].points[source] + new)[-SHIFT_POINTS:]
                 self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
                 self._shifts.pop((source, b), None)
             tested = min(n, a + 1) + (a == n < r)  # positions past the first rejection were not tested
             self.seen[source][0] += min(a, tested)
             self.seen[source][1] += tested
-            total, weight = self.conf[b]
+            total, weight = self.rows[b].conf
             if weight and tested:  # once per row and cycle (a deep draft is no more evidence of it)
                 self.seen_conf[source][0] += total / weight
                 self.seen_conf[source][1] += 1
@@ -249,7 +256,8 @@ class AutoPolicy(WidthPolicy):
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this
         cycle: a function of the committed tokens alone, so choosing by it keeps the exact law."""
-        for conf, cs in zip(self.conf, confidences):
+        for row, cs in zip(self.rows, confidences):
+            conf = row.conf
             for c in cs:
                 conf[0], conf[1] = conf[0] * CONF_DECAY + c, conf[1] * CONF_DECAY + 1.0
 
