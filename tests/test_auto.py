@@ -1,6 +1,7 @@
 """draft = auto: the policy alone (pure), then the engine with two sources on tiny models (greedy identity,
 chi-square exactness at T = 1 and T = 0.7 with top-k/top-p, a negative control), statistics per source."""
 
+import functools
 import time
 
 import mlx.core as mx
@@ -18,6 +19,7 @@ from mtpcli.costs import CostFit, Costs, prior_costs
 from mtpcli.policy import AutoPolicy, fit_shift
 from mtpcli.stop import Stop, passes, shifted
 from mtpcli.sampling import SamplingParams
+from mtpcli.tree import Spec
 from stattools import fits
 import helpers
 from helpers import N, copies, target_marginals
@@ -364,14 +366,18 @@ def test_a_table_kept_by_the_previous_version_is_read():
 
 # ---- the engine with two sources on tiny models -----------------------------------------------------------------
 
-def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter):
+def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, max_tokens=48, seed=0, drafter_cls=AutoDrafter,
+                nodes=0):
+    """`nodes`: both sources draft trees of at most that many nodes where they pay, priced by `costs` (the plan's)."""
     target, draft = tiny
-    drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
+    spec = {s: Spec(nodes, 2, functools.partial(costs.time, s)) if nodes else None for s in ("ngram", "model")}
+    drafter = drafter_cls({"ngram": NgramDrafter(1, 3, spec["ngram"]), "model": ModelDrafter(draft.model,
+                                                                                             trees=spec["model"])})
     pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.lookahead, warm=True,  # no calibration steps
                      stops=["model"])  # as assemble.auto_policy: the model is asked for its widest, and its plans
     #                                    say where it stops (Plan.stop: where the draft is unsure)
     return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp, max_tokens=max_tokens, seed=seed),
-                  batch_size)
+                  batch_size, trees=bool(nodes))
 
 
 def run(eng, ids, n=1):

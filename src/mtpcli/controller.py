@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
     from .stop import Stop
@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Plan:
     """A cycle's plan for the batch: the source that drafts (None: the engine's one drafter, or a plain step at width
-    0), its width, and where a draft that stops itself stops (stop.Stop; None: where p_min says)."""
+    0), its width, where a draft that stops itself stops (stop.Stop; None: where p_min says), and draft = auto's
+    cost(k, n) of a cycle drafting k and verifying n nodes of the source (its table's: tree = auto weighs a tree by it)."""
 
     source: str | None
     width: int
     stop: Stop | None = None
+    cost: Callable[[int, int], float] | None = None
 
 
 class WidthPolicy:

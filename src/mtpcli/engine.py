@@ -162,13 +162,14 @@ def confidence(logits: mx.array) -> mx.array:
 
 class Engine:
     def __init__(self, model, drafter=None, policy=None, eos_token_ids=(), config=DecodeConfig(),
-                 batch_size: int = 1, peer=None, guide=None):
+                 batch_size: int = 1, peer=None, guide=None, trees: bool = False, shelf=None):
+        """`trees`: the target verifies draft trees; `shelf`: its prefills kept across runs (cache.LM)."""
         self.drafter = drafter or NoDraft()
         self.guide = guide  # constrain.Guide: the rows' constraints (None: no row has one)
         for d in [self.drafter, *getattr(self.drafter, "sources", {}).values()]:
             d.guide = guide  # (a sampled draft is proposed under the constraint along its own path)
         self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden,
-                         taps=self.drafter.taps)
+                         taps=self.drafter.taps, trees=trees, shelf=shelf)
         if self.drafter.speculates:
             self.target.require_rollback()  # refused before any decoding, not at the first rejection
         self.policy = policy or FixedWidth(0)

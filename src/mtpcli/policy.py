@@ -22,6 +22,7 @@ decoded without it, from start to exit no slower than plain decoding.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -178,7 +179,7 @@ class AutoPolicy(WidthPolicy):
             source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
         self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
         self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
-                         self.floor(source) if stops else None)
+                         self.floor(source) if stops else None, functools.partial(self.costs.time, source))
         return self.last
 
     def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:

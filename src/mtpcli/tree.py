@@ -9,8 +9,20 @@ never repeat a deterministic token. A chain is the tree whose parents are 0, 1, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The trees a source drafts, set when it is made: at most `nodes` nodes, at most `children` children per node;
+    tree = auto: `cost`, a cycle drafting a chain of k and verifying n nodes costs cost(k, n) seconds (under draft =
+    auto, the plan's table: Plan.cost), and a tree is drafted where it pays (`pays`); None: always."""
+
+    nodes: int
+    children: int = 1
+    cost: Callable[[int, int], float] | None = None
 
 
 @dataclass(frozen=True)

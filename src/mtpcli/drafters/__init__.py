@@ -16,7 +16,7 @@ from ..cache import LM
 from ..controller import Plan
 from ..sampling import SamplingParams, probs, sample
 from ..stop import Rule, Stop
-from ..tree import Shape, chain, merge, pays
+from ..tree import Shape, Spec
 
 
 @dataclass
@@ -118,9 +118,7 @@ class Drafter:
     max_rows: int | None = None  # caps the batch (None: any)
     stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
     defer = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
-    trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
-    nodes, children = 0, 1  # (nodes 0: chains)
-    cost = None  # tree = auto: a pass of n tokens costs cost(n) seconds; a tree is drafted where it pays (tree.pays)
+    trees: Spec | None = None  # the trees it drafts (tree.Spec, given when it is made; None: chains)
     guide = None  # the rows' constraints (constrain.Guide), set by the engine: a sampled draft is proposed under them
 
     def add_rows(self, n: int) -> None:
@@ -157,67 +155,6 @@ class Drafter:
     def prefilled(self) -> int:
         """Prompt tokens the last `start` prefilled (0: none, or a deferred draft model's, counted when it joins)."""
         return 0
-
-
-class Lookup(Drafter):
-    """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `looks(row,
-    context, k, count)` is up to `count` drafts of up to k tokens (a tree's; the chain's first) with their estimates."""
-
-    def add_rows(self, n: int) -> None:
-        self.rows += [self.new_row([]) for _ in range(n)]
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
-
-    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        self.rows[row] = self.new_row(prompt)
-
-    def available(self, contexts, k: int) -> list[list[float]]:
-        """Each row's draft at width k as its tokens' estimates (what `auto` weighs, calibrated by how the row's
-        drafts fared: policy.AutoPolicy.shift); empty where there is none."""
-        return [self.look(b, c, k)[1] for b, c in enumerate(contexts)]
-
-    trees = True
-
-    def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
-        """A row's draft of up to k tokens and each token's estimate given the ones before."""
-        return (self.looks(row, context, k, 1) or [([], [])])[0]
-
-    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
-        """The rows' drafts padded to the longest; each row as long as its own."""
-        tree = self.tree(contexts, caps) if self.nodes else None
-        if tree is not None:
-            return tree
-        return self.chain([self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))])
-
-    @staticmethod
-    def chain(found: list[tuple[list[int], list[float]]]) -> Draft:
-        """Each row's draft (tokens, estimates) as one chain draft."""
-        k = max(len(f) for f, _ in found)
-        tokens = mx.array([f + [0] * (k - len(f)) for f, _ in found], dtype=mx.int32).reshape(len(found), k)
-        lengths = [len(f) for f, _ in found]
-        return Draft(tokens, None, lengths, lengths, [c for _, c in found])
-
-    def tree(self, contexts, caps) -> Draft | None:
-        """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap; None (a chain)
-        under tree = auto where the tree does not pay."""
-        rows, chances, firsts = [], [], []
-        for b, (c, k) in enumerate(zip(contexts, caps)):
-            cands = self.looks(b, c, min(k, self.nodes), 2 * self.children) if k > 0 else []
-            firsts.append(cands[0] if cands else ([], []))
-            tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
-            rows.append((tokens, parents, cands[0][1][:chain(parents)] if cands else []))
-            chances.append((parents, [cands[o][1][i] for o, i in origins]))
-        n = max(len(t) for t, _, _ in rows)
-        if n == 0:
-            return self.chain(firsts)  # (nothing found: nothing asked, as a chain's lookup)
-        if self.cost is not None and (all(len(t) == len(c) for t, _, c in rows)  # (every row's tree: its chain)
-                                      or not pays(chances, [len(c) for _, _, c in rows], self.cost)):
-            # the chain: a row's first candidate is its chain draft, where the tree was cut no shorter than it
-            return self.chain(firsts) if all(k <= self.nodes for k in caps) else None
-        tokens = mx.array([t + [0] * (n - len(t)) for t, _, _ in rows], dtype=mx.int32)
-        parents = np.array([p + [-1] * (n - len(p)) for _, p, _ in rows])
-        return Draft(tokens, None, [len(t) for t, _, _ in rows], list(caps), [c for _, _, c in rows], Shape.of(parents))
 
 
 class HeadDrafter(Drafter):

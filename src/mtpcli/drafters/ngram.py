@@ -13,7 +13,8 @@ code by ~14%): better an n-gram draft skipped than one verified for nothing."""
 
 from __future__ import annotations
 
-from . import Lookup
+from ..tree import Spec
+from .lookup import Lookup
 
 MAX_MATCH = 32  # longest true match measured
 # bench/ngram_calibrate.py at b092569 (stdlib and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
@@ -57,8 +58,8 @@ class Index:
 class NgramDrafter(Lookup):
     name = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 4):
-        self.n_min, self.n_max = n_min, n_max
+    def __init__(self, n_min: int = 2, n_max: int = 4, trees: Spec | None = None):
+        self.n_min, self.n_max, self.trees = n_min, n_max, trees
         self.rows: list[Index] = []
 
     def new_row(self, prompt: list[int]) -> Index:
