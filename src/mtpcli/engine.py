@@ -222,17 +222,8 @@ class Engine:
         rows, cfg = list(self.rows), self.cfg
         f = Flight(rows, plan, [r.key for r in rows], time.perf_counter())
         keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
-        caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
-        # a row's forced tokens are free drafts, taken before (and whatever the width of) the plan's
-        forced = self.guide.forced([max(0, min(FORCED_MAX, r.req.max_tokens - r.generated - 1)) for r in rows]) \
-            if self.guide is not None and self.guide.active and self.drafter.speculates else [[] for _ in rows]
-        caps = [0 if x else c for x, c in zip(forced, caps)]
-        draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) else \
-            empty(caps)
-        if any(forced):
-            draft = with_forced(draft, forced)
-        draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
+        draft, source, forced, caps = self._propose(rows, plan, [k[0] for k in keys])
         masks = self.guide.masks(draft) if self.guide is not None else None
         if masks is not None and draft.tree is None and draft.q is None:  # a forbidden deterministic draft: p = 0
             draft.lengths = [min(n, a) for n, a in zip(draft.lengths, masks[1])]  # (rejected surely: cut before)
@@ -266,18 +257,8 @@ class Engine:
             if self.guide is not None:
                 self.guide.commit(b, new)
         seconds = self.clock.charge(f)
-        if any(forced) and max(caps):  # a source drafted for the other rows: the forced rows drafted nothing of its
-            chain, kept = [0 if x else n for x, n in zip(forced, chain)], [0 if x else n for x, n in zip(forced, kept)]
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
-            self.drafter.commit(contexts, kept, self.target.hidden)
-        if self.drafter.speculates and (max(caps) or not any(forced)):  # (forced drafts tell a policy nothing)
-            self.policy.update(chain, kept, seconds=seconds if f.timed else None,
-                               source=plan.source if max(caps) else None,
-                               requested=[0 if x else n for x, n in zip(forced, draft.requested)],
-                               chances=draft.chances and [[] if x else c for x, c in zip(forced, draft.chances)],
-                               tree=draft.tree is not None)
-            if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
-                self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
+            self._learn(contexts, plan, draft, forced, caps, chain, kept, at, seconds if f.timed else None, conf)
         self.cycles += 1
         sums = [x.tolist() for x in judged.sums]
         for b, r in enumerate(rows):
@@ -291,6 +272,31 @@ class Engine:
                                         draft.requested[b], n_acc[b], news[b], spent, [x[b] for x in sums], b)
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
+    def _propose(self, rows: list[Row], plan: Plan, keys: list) -> tuple:
+        """The batch's draft, its source, each row's forced tokens (free drafts, taken before and whatever the width
+        of the plan's) and what the plan's source was asked for."""
+        caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
+        forced = self.guide.forced([max(0, min(FORCED_MAX, r.req.max_tokens - r.generated - 1)) for r in rows]) \
+            if self.guide is not None and self.guide.active and self.drafter.speculates else [[] for _ in rows]
+        caps = [0 if x else c for x, c in zip(forced, caps)]
+        draft = self.drafter.propose([r.context for r in rows], caps, self.cfg.sampling, keys, plan) if max(caps) \
+            else empty(caps)
+        draft = with_forced(draft, forced) if any(forced) else draft
+        return (*self.peer.share_draft(draft, plan.source), forced, caps)  # rank 0's drafts on every rank
+
+    def _learn(self, contexts, plan: Plan, draft, forced, caps, chain, kept, at, seconds, conf) -> None:
+        """The drafter and the policy learn what a cycle committed (forced drafts tell a policy nothing)."""
+        if any(forced) and max(caps):  # a source drafted for the other rows: the forced rows drafted nothing of its
+            chain, kept = [0 if x else n for x, n in zip(forced, chain)], [0 if x else n for x, n in zip(forced, kept)]
+        self.drafter.commit(contexts, kept, self.target.hidden)
+        if max(caps) or not any(forced):
+            self.policy.update(chain, kept, seconds=seconds, source=plan.source if max(caps) else None,
+                               requested=[0 if x else n for x, n in zip(forced, draft.requested)],
+                               chances=draft.chances and [[] if x else c for x, c in zip(forced, draft.chances)],
+                               tree=draft.tree is not None)
+            if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
+                self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
+
     def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],
               before: np.ndarray) -> tuple[list[list[int]], list[int], list[int], list]:
         """The target keeps each row's accepted drafts: the committed tokens, what a drafter and a policy learn from

@@ -1,7 +1,7 @@
 """Where a draft that stops itself stops (a draft model, MTP or EAGLE-3 heads: drafters.autoregress), in one place: a
 drafted token's chance to pass from the draft's confidence (`passes`), moved by the row's shift (`shifted`), and the
-thresholds `draft = auto` sets from its cost table (`Stop.of`). All of it depends on the draft's q, never on the token
-a row would draw, so the exact law holds."""
+thresholds draft = auto sets from its cost table (`Stop.of`). All of it depends on the draft's q, never on the token a
+row would draw, so the exact law holds."""
 
 from __future__ import annotations
 
@@ -36,10 +36,9 @@ def passes(conf: float, greedy: bool) -> float:
 
 @dataclass(frozen=True)
 class Stop:
-    """A draft's thresholds: with a row's chance the product of `passes` over its positions so far, shifted by
-    shifts[b], averaged over the batch's rows (a plain step would give each a token), the token just drawn is kept
-    while that is at least `keep` (its verification's cost), and another step is taken only while it is at least
-    `go_on` (a step's cost)."""
+    """With a row's chance the product of `passes` over its positions so far, shifted by shifts[b], averaged over the
+    batch's rows (a plain step would give each a token), the token just drawn is kept while that is at least `keep`
+    (its verification's cost), and another step is taken only while it is at least `go_on` (a step's cost)."""
 
     keep: float = 0.0
     go_on: float = 0.0
@@ -48,7 +47,7 @@ class Stop:
     @staticmethod
     def of(costs: Costs, source: str, widest: int, rate: float, shifts: Sequence[float]) -> Stop:
         """Keep a drawn token while the chance that the whole draft passes is worth its verification at `rate` (the
-        run's best, tokens per second per row), draw another while it is worth a draft step too."""
+        run's best per row), draw another while it is worth a draft step too."""
         step, per = costs.step, costs.per_token
         check = step * costs.verify * widest ** (BEND - 1)  # a token's, on average over its widest draft
         cost = per.get(source, step) + check  # (verify 0: in per_token, priced by lookup's)
@@ -58,14 +57,13 @@ class Stop:
 
 
 class Rule:
-    """A draft's stop rule, step by step over its rows: a row stops BEFORE it draws from a distribution whose most
-    likely token is below p_min; with a `Stop`, the rows still drafting stop together (the batch's next step and its
-    verify width are paid for all of them). `lengths`: where each row stops (its cap at most)."""
+    """A draft's stop rule, a step at a time: a row stops BEFORE it draws from a distribution whose most likely token
+    is below p_min; under a `Stop`, the rows still drafting stop together (the batch's next step and its verify width
+    are paid for all of them). `lengths`: where each row stops (its cap at most)."""
 
     def __init__(self, caps: list[int], greedy: bool, p_min: float = 0.0, stop: Stop | None = None):
         self.stop, self.greedy, self.p_min = stop or Stop(), greedy, p_min
-        self.lengths, self.chance = list(caps), [1.0] * len(caps)
-        self.raw: list[list[float]] = [[] for _ in caps]  # each drafted token's unshifted chance
+        self.lengths, self.chance, self.raw = list(caps), [1.0] * len(caps), [[] for _ in caps]
         self.weighs = p_min > 0.0 or self.stop.keep > 0.0 or self.stop.go_on > 0.0
 
     def weigh(self, j: int, confs: list[float]) -> None:
@@ -82,5 +80,5 @@ class Rule:
             lengths[b] = j if mean < self.stop.keep else j + 1 if mean < self.stop.go_on else lengths[b]
 
     def chances(self) -> list[list[float]] | None:
-        """Each row's drafted tokens' chances (unshifted: the points of the next shift's fit), if weighed."""
+        """Each row's drafted tokens' chances, unshifted (the points of the next shift's fit), where it weighed them."""
         return [r[:n] for r, n in zip(self.raw, self.lengths)] if self.raw[0] else None
