@@ -27,7 +27,7 @@ from test_engine import PROMPTS
 
 # ---- the policy, without a model ------------------------------------------------------------------------------
 
-NO_MATCH = lambda s, c, k: [0] * len(c) if s == "ngram" else None  # noqa: E731
+NO_MATCH = lambda s, c, k: [[] for _ in c] if s == "ngram" else None  # noqa: E731
 
 
 def policy(costs=None, avail=None, batch=1, n_max=6):
@@ -45,7 +45,7 @@ def test_a_plain_step_when_no_source_pays():
 def test_ngram_is_chosen_up_to_its_match_and_never_without_one():
     match = {"n": 3}
     kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [1.0, 200.0], "model": [0.0, 200.0]})
-    p = policy(kept, lambda s, c, k: [min(k, match["n"])] if s == "ngram" else None)
+    p = policy(kept, lambda s, c, k: [[1.0] * min(k, match["n"])] if s == "ngram" else None)
     assert helpers.source_width(p.plan([[0]])) == ("ngram", 3)  # wider than its match would verify nothing more
     match["n"] = 0
     assert p.plan([[0]]).source != "ngram"
@@ -55,14 +55,14 @@ def test_a_source_that_estimates_its_tokens_is_expected_what_it_says_not_its_kep
     # the kept table says every drafted token was accepted; the source's own estimates say otherwise
     kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [1.0, 200.0]})
     est = {"v": [0.02, 0.02, 0.02]}
-    p = AutoPolicy(["ngram", "model"], 6, kept, lambda s, c, k: [est["v"][:k]] if s == "ngram" else [0], warm=True)
+    p = AutoPolicy(["ngram", "model"], 6, kept, lambda s, c, k: [est["v"][:k]] if s == "ngram" else [[]], warm=True)
     assert helpers.source_width(p.plan([[0]])) == (None, 0)  # three tokens at 2% each are not worth verifying
     assert p.expected("ngram", 3, estimates=est["v"]) < 1.1 < p.expected("ngram", 3)
     est["v"] = [0.99] * 6
     assert helpers.source_width(p.plan([[0]])) == ("ngram", 6)
     # and the other way: a poor kept acceptance does not hold back a source sure of its tokens
     poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [0.05, 200.0]})
-    q = AutoPolicy(["ngram", "model"], 6, poor, lambda s, c, k: [[0.99] * k] if s == "ngram" else [0], warm=True)
+    q = AutoPolicy(["ngram", "model"], 6, poor, lambda s, c, k: [[0.99] * k] if s == "ngram" else [[]], warm=True)
     assert helpers.source_width(q.plan([[0]])) == ("ngram", 6) and q.expected("ngram", 6) < 1.1
 
 
@@ -214,7 +214,7 @@ def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
         chosen.append(s)
         cut.update([0], [0], source=s, requested=[k], seconds=1.0)
     assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17] and cut.drafted["model"] == 0
-    other = policy(poor, lambda s, c, k: [min(k, 2)] if s == "ngram" else None)
+    other = policy(poor, lambda s, c, k: [[1.0] * min(k, 2)] if s == "ngram" else None)
     for _ in range(12):  # lookup drafting every cycle does not use up the model's probe
         s, k = helpers.source_width(other.plan([[0]]))
         other.update([k], [k], source=s, requested=[k])

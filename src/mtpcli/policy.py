@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -150,9 +149,9 @@ class AutoPolicy(WidthPolicy):
         out = {(None, 0): len(contexts) / self.costs.time(None, 0)}
         for s in self.sources:
             widest = self.widest.get(s, self.n_max)
-            avail = self.available(s, contexts, widest) or [widest] * len(contexts)  # a count, or its estimates
-            est = self.own[s] = [[] if isinstance(a, numbers.Integral) else list(a) for a in avail]
-            have = [int(a) if isinstance(a, numbers.Integral) else len(a) for a in avail]
+            avail = self.available(s, contexts, widest)  # its estimates, or None: its widest, at the kept acceptance
+            est = self.own[s] = [list(a) for a in avail] if avail is not None else [[] for _ in contexts]
+            have = [len(a) for a in est] if avail is not None else [widest] * len(contexts)
             for k in range(1, widest + 1):
                 caps = [min(k, a) for a in have]
                 if max(caps) < k:

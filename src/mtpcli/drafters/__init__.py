@@ -7,12 +7,13 @@ before, never on the token it would draft next.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from ..cache import LM
+from ..constrain import Guide
 from ..controller import Plan
 from ..sampling import SamplingParams, probs, sample
 from ..stop import Rule, Stop
@@ -108,18 +109,20 @@ def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
     return Draft(tokens, q, lengths, requested, chances, tree)
 
 
-class Drafter:
-    """The protocol, with what a source declares about itself."""
+class Drafter(Protocol):
+    """What the engine and draft = auto ask of a source; a source that subclasses it declares only where it differs."""
 
-    name = "none"
-    speculates = True  # False only for plain decoding
-    needs_hidden = False  # asks the engine for the target's hidden states (its last layer's, after the norm)
+    name: str = "none"
+    speculates: bool = True  # False only for plain decoding
+    needs_hidden: bool = False  # asks the engine for the target's hidden states (its last layer's, after the norm)
     taps: tuple[int, ...] = ()  # ... or the outputs of these target layers, joined (an EAGLE-3 head's)
     max_rows: int | None = None  # caps the batch (None: any)
-    stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
-    defer = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
+    stops: bool = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
+    defer: bool = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
     trees: Spec | None = None  # the trees it drafts (tree.Spec, given when it is made; None: chains)
-    guide = None  # the rows' constraints (constrain.Guide), set by the engine: a sampled draft is proposed under them
+    guide: Guide | None = None  # the rows' constraints, set by the engine: a sampled draft is proposed under them
+    cached: int = 0  # prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them
+    prefilled: int = 0  # ... and those it prefilled (0: none, or a deferred draft model's, counted when it joins)
 
     def add_rows(self, n: int) -> None:
         """The batch grows by n rows."""
@@ -135,8 +138,9 @@ class Drafter:
         model's deferred prompt, or what it missed while others drafted); None: it prefills nothing."""
         return None
 
-    def available(self, contexts: list, k: int) -> list | None:
-        """What a deterministic source has for each row before drafting (each token's estimated chance to pass, or a count); None: unknown."""
+    def available(self, contexts: list, k: int) -> list[list[float]] | None:
+        """A deterministic source's draft of each row at width k, before drafting: each token's estimated chance to
+        pass; None: no estimates (the source's kept acceptance stands for them)."""
         return None
 
     def propose(self, contexts, caps, sp, keys, plan: Plan | None = None) -> Draft:
@@ -145,16 +149,6 @@ class Drafter:
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
-
-    @property
-    def cached(self) -> int:
-        """Prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them."""
-        return 0
-
-    @property
-    def prefilled(self) -> int:
-        """Prompt tokens the last `start` prefilled (0: none, or a deferred draft model's, counted when it joins)."""
-        return 0
 
 
 class HeadDrafter(Drafter):
