@@ -119,10 +119,15 @@ def tree_spec(cfg: Config, kind: str, target: models.Loaded, draft: models.Loade
     price them (Plan.cost)."""
     if kind not in ("ngram", "history", "model", "eagle3"):
         return None
-    auto = cfg.tree == "auto"
-    ratio = {kind: _params(draft.model) / _params(target.model)} if auto and kind in ("model", "eagle3") else {}
-    prior = prior_costs([kind], ratio, mx.default_device() == mx.gpu) if auto else None
-    return Spec(AUTO_TREE if auto else int(cfg.tree), cfg.tree_children, prior and functools.partial(prior.time, kind))
+    prior = prior_costs([kind], ratios([kind], target, draft), mx.default_device() == mx.gpu)
+    return Spec(AUTO_TREE if cfg.tree == "auto" else int(cfg.tree), cfg.tree_children,
+                functools.partial(prior.time, kind) if cfg.tree == "auto" else None)
+
+
+def ratios(names, target: models.Loaded, draft: models.Loaded | None) -> dict[str, float]:
+    """Each drafting model's size over the target's (the prior's cost of its token)."""
+    return {n: _params(models.mtp_head(target) if n == "mtp" else draft.model) / _params(target.model)
+            for n in names if n in ("model", "eagle3", "dflash", "mtp")}
 
 
 def _params(model) -> int:
@@ -132,9 +137,7 @@ def _params(model) -> int:
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter, rebase: int = 0) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
-    ratio = {n: _params(models.mtp_head(target) if n == "mtp" else draft.model) / _params(target.model)
-             for n in names if n in ("model", "eagle3", "dflash", "mtp")}  # a draft's size over the target's
-    prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
+    prior = prior_costs(names, ratios(names, target, draft), gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     prefills = [n for n, d in drafter.sources.items() if d.defer]  # a deferred draft model
     return AutoPolicy(names, cfg.n_max, prior, drafter.lookahead, widest=dict(cfg.widest), stops=stops,
