@@ -83,8 +83,7 @@ class LM:
 
     def __init__(self, model, role: str = "model", prefill_step: int = 512, hidden: bool = False,
                  bucketed: bool | None = None, taps: tuple[int, ...] = (), trees: bool = False, shelf=None):
-        """`trees`: it verifies draft trees (refused here where it cannot); `shelf`: prefix.Shelf, this model's
-        prefills kept across runs."""
+        """`trees`: it verifies draft trees (or refuses them here); `shelf`: its prefills kept (prefix.Shelf)."""
         self.model, self.role, self.prefill_step, self.shelf = model, role, prefill_step, shelf
         native = make_prompt_cache(model)
         self.kinds = [layer_kind(c) for c in native]

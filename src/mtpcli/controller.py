@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-if TYPE_CHECKING:
-    from .stop import Stop
+from .stop import Stop
 
 
 @dataclass(frozen=True)

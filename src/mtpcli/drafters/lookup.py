@@ -29,7 +29,5 @@ class Lookup(Drafter):
 
     def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
         """The rows' drafts padded to the longest; each row as long as its own."""
-        tree = trees.lookup(self, contexts, caps, plan) if self.trees else None
-        if tree is not None:
-            return tree
-        return trees.as_chain([self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))])
+        return (self.trees and trees.lookup(self, contexts, caps, plan)) or \
+            trees.as_chain([self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))])

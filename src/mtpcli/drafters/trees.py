@@ -14,8 +14,7 @@ from . import Draft, autoregress
 
 
 def price(spec: Spec, plan):
-    """What a tree is weighed by under tree = auto (None: always the tree): the cost table draft = auto planned
-    with (Plan.cost), else the spec's."""
+    """What tree = auto weighs a tree by (None: always the tree): draft = auto's table (Plan.cost), else the spec's."""
     return spec.cost and (plan is not None and plan.cost or spec.cost)
 
 
