@@ -160,9 +160,9 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
     second at the measured acceptance, 0 where none beats a plain step (MTPLX)): tokens per second against plain
     steps, and the cycles (source letter, drafted:committed)."""
     from mtpcli.controller import EmaController
-    from mtpcli.drafters import passes
+    from mtpcli.stop import Rule
     from mtpcli.drafters.ngram import NgramDrafter
-    from mtpcli.policy import AutoPolicy, shifted
+    from mtpcli.policy import AutoPolicy
     try:
         from mtpcli.costs import Costs
     except ImportError:  # (the package before costs.py: 489a900, the policy the ablation started from)
@@ -191,7 +191,7 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
     while t < min(tokens, len(gen) - 1):
         context = ids + gen[:t]
         if fixed is None:
-            source, k = pol.plan([context])
+            source, k = (plan := pol.plan([context])).source, plan.width
         elif fixed == "ngram":
             k = min(int(width), len(lookup.available([context], int(width))[0]))
             source = "ngram" if k else None
@@ -207,18 +207,12 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
         if source == "model" and k > 0:
             n = k
             if fixed is None and stops:  # the in-draft stop, as drafters.autoregress applies it
-                keep, go_on, shift = pol.stop("model")
-                chance, chances = 1.0, []
+                rule = Rule([k], greedy, stop=pol.stop("model"))
                 for j in range(k):
-                    raw = passes(qmax[t + j], greedy)
-                    chance *= shifted(raw, shift[0])
-                    if chance < keep:
-                        n = j
+                    rule.weigh(j, [qmax[t + j]])
+                    if rule.lengths[0] <= j + 1:
                         break
-                    chances.append(raw)
-                    if chance < go_on:
-                        n = j + 1
-                        break
+                n, chances = rule.lengths[0], rule.chances()[0]
             while a < n and agree[t + a]:
                 a += 1
         elif source == "ngram" and k > 0:

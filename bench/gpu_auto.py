@@ -68,12 +68,15 @@ class Oracle(Drafter):
                 return i
         return len(self.profile)
 
-    def available(self, contexts, k):
+    def _counts(self, contexts, k):
         # span: a match lasts `span` positions, then none for twice as long (a third of the text is quoted)
         return [k if not self.span or (len(c) - self.n0) % (3 * self.span) < self.span else 0 for c in contexts]
 
+    def available(self, contexts, k):  # a lookup's estimates: its profile where it has a match (a model's: none)
+        return [list(self.profile[:n]) for n in self._counts(contexts, k)] if self.span else None
+
     def propose(self, contexts, caps, sp, keys, plan=None):
-        avail = self.available(contexts, max(caps))
+        avail = self._counts(contexts, max(caps))
         caps = [min(c, a) for c, a in zip(caps, avail)]
         if max(caps) == 0:
             return empty(caps)

@@ -76,9 +76,8 @@ class Recorded(Drafter):
 
 
 def run(target, drafter, width, prompt, tokens):
-    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig())
-    if drafter is not None and drafter.tree_on:
-        eng.target.allow_trees()
+    eng = Engine(target, drafter, FixedWidth(width), (), DecodeConfig(),
+                 trees=drafter is not None and drafter.tree_on)
     out, t0 = [], time.perf_counter()
     for ev in eng.generate([Request(0, prompt, tokens, 0)]):
         out.extend(ev.tokens)

@@ -97,3 +97,8 @@ def resampled_from_p(p, q, draft, keys, lengths=None, exact=verify.exact):
     v = exact(p, q, draft, keys, lengths)
     redo = verify._sample_rows(verify._at(p, v.n_accepted), [mx.random.split(k)[1] for k in keys])
     return verify.Verdict(v.n_accepted, mx.where(v.n_accepted < draft.shape[-1], redo, v.token))
+
+
+def source_width(plan):
+    """A plan's source and width (what a policy's test asserts; its stop is the stop rule's)."""
+    return plan.source, plan.width

@@ -1,6 +1,7 @@
 """draft = auto: the policy alone (pure), then the engine with two sources on tiny models (greedy identity,
 chi-square exactness at T = 1 and T = 0.7 with top-k/top-p, a negative control), statistics per source."""
 
+import functools
 import time
 
 import mlx.core as mx
@@ -15,8 +16,10 @@ from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine
 from mtpcli.costs import CostFit, Costs, prior_costs
-from mtpcli.policy import AutoPolicy, fit_shift, shifted
+from mtpcli.policy import AutoPolicy, fit_shift
+from mtpcli.stop import Stop, passes, shifted
 from mtpcli.sampling import SamplingParams
+from mtpcli.tree import Spec
 from stattools import fits
 import helpers
 from helpers import N, copies, target_marginals
@@ -24,7 +27,7 @@ from test_engine import PROMPTS
 
 # ---- the policy, without a model ------------------------------------------------------------------------------
 
-NO_MATCH = lambda s, c, k: [0] * len(c) if s == "ngram" else None  # noqa: E731
+NO_MATCH = lambda s, c, k: [[] for _ in c] if s == "ngram" else None  # noqa: E731
 
 
 def policy(costs=None, avail=None, batch=1, n_max=6):
@@ -34,33 +37,33 @@ def policy(costs=None, avail=None, batch=1, n_max=6):
 
 def test_a_plain_step_when_no_source_pays():
     poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.05, 200.0]})
-    assert policy(poor, NO_MATCH).plan([[1, 2, 3]]) == (None, 0)
+    assert helpers.source_width(policy(poor, NO_MATCH).plan([[1, 2, 3]])) == (None, 0)
     good = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.95, 200.0]})
-    assert policy(good, NO_MATCH).plan([[1, 2, 3]]) == ("model", 6)  # a source known to be good drafts wide
+    assert helpers.source_width(policy(good, NO_MATCH).plan([[1, 2, 3]])) == ("model", 6)  # a source known to be good drafts wide
 
 
 def test_ngram_is_chosen_up_to_its_match_and_never_without_one():
     match = {"n": 3}
     kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [1.0, 200.0], "model": [0.0, 200.0]})
-    p = policy(kept, lambda s, c, k: [min(k, match["n"])] if s == "ngram" else None)
-    assert p.plan([[0]]) == ("ngram", 3)  # wider than its match would verify nothing more
+    p = policy(kept, lambda s, c, k: [[1.0] * min(k, match["n"])] if s == "ngram" else None)
+    assert helpers.source_width(p.plan([[0]])) == ("ngram", 3)  # wider than its match would verify nothing more
     match["n"] = 0
-    assert p.plan([[0]])[0] != "ngram"
+    assert p.plan([[0]]).source != "ngram"
 
 
 def test_a_source_that_estimates_its_tokens_is_expected_what_it_says_not_its_kept_acceptance():
     # the kept table says every drafted token was accepted; the source's own estimates say otherwise
     kept = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [1.0, 200.0]})
     est = {"v": [0.02, 0.02, 0.02]}
-    p = AutoPolicy(["ngram", "model"], 6, kept, lambda s, c, k: [est["v"][:k]] if s == "ngram" else [0], warm=True)
-    assert p.plan([[0]]) == (None, 0)  # three tokens at 2% each are not worth verifying
+    p = AutoPolicy(["ngram", "model"], 6, kept, lambda s, c, k: [est["v"][:k]] if s == "ngram" else [[]], warm=True)
+    assert helpers.source_width(p.plan([[0]])) == (None, 0)  # three tokens at 2% each are not worth verifying
     assert p.expected("ngram", 3, estimates=est["v"]) < 1.1 < p.expected("ngram", 3)
     est["v"] = [0.99] * 6
-    assert p.plan([[0]]) == ("ngram", 6)
+    assert helpers.source_width(p.plan([[0]])) == ("ngram", 6)
     # and the other way: a poor kept acceptance does not hold back a source sure of its tokens
     poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"ngram": [0.05, 200.0]})
-    q = AutoPolicy(["ngram", "model"], 6, poor, lambda s, c, k: [[0.99] * k] if s == "ngram" else [0], warm=True)
-    assert q.plan([[0]]) == ("ngram", 6) and q.expected("ngram", 6) < 1.1
+    q = AutoPolicy(["ngram", "model"], 6, poor, lambda s, c, k: [[0.99] * k] if s == "ngram" else [[]], warm=True)
+    assert helpers.source_width(q.plan([[0]])) == ("ngram", 6) and q.expected("ngram", 6) < 1.1
 
 
 def test_the_shift_is_the_log_odds_move_that_explains_the_outcomes():
@@ -79,15 +82,15 @@ def test_a_rows_estimates_are_calibrated_by_how_its_drafts_fared():
     costs = Costs(1.0, {"ngram": 0.4, "model": 5.0})
     p = AutoPolicy(["ngram", "model"], 4, costs, lambda s, c, k: [[0.3] * k] * len(c) if s == "ngram" else None,
                    batch=2, warm=True)
-    assert p.plan([[0], [0]]) == (None, 0)  # at 30% a token is not worth its verification (40% of a step)
+    assert helpers.source_width(p.plan([[0], [0]])) == (None, 0)  # at 30% a token is not worth its verification (40% of a step)
     for _ in range(6):  # row 0 passes everything its lookup drafts, row 1 nothing
         p.update([4, 4], [4, 0], source="ngram", chances=[[0.3] * 4, [0.3] * 4], seconds=1.4)
     assert p.shift("ngram", 0) > 1.0 > -0.1 > p.shift("ngram", 1)
     assert p.expected("ngram", 4, 0, [0.3] * 4) > 2.0 > 1.3 > p.expected("ngram", 4, 1, [0.3] * 4)
-    assert p.plan([[0], [0]])[0] == "ngram"  # one plan for the batch, on the rows' own estimates
-    assert p.stop("ngram")[2] == [p.shift("ngram", 0), p.shift("ngram", 1)]
+    assert p.plan([[0], [0]]).source == "ngram"  # one plan for the batch, on the rows' own estimates
+    assert p.stop("ngram").shifts == (p.shift("ngram", 0), p.shift("ngram", 1))
     p.keep([1])  # row 0 left: its evidence goes with it
-    assert p.shift("ngram", 0) < -0.1 and p.plan([[0]]) == (None, 0)
+    assert p.shift("ngram", 0) < -0.1 and helpers.source_width(p.plan([[0]])) == (None, 0)
     kept = p.measured()  # the run's shift, over every row's tokens (24 passed, 6 rejected), is kept for the next run
     assert kept.shift["ngram"][1] == 30 and shifted(0.3, kept.shift["ngram"][0]) == pytest.approx(0.8, abs=0.02)
 
@@ -107,20 +110,22 @@ def test_a_source_never_drafts_wider_than_its_own_widest():
     p = AutoPolicy(["ngram", "model"], 16, always, warm=True, widest={"ngram": 8, "model": 4})
     assert {k for (s, k) in p.scores([[0]]) if s == "ngram"} == set(range(1, 9))
     assert max(k for (s, k) in p.scores([[0]]) if s == "model") == 4
-    assert p.plan([[0]]) == ("ngram", 8)
+    assert helpers.source_width(p.plan([[0]])) == ("ngram", 8)
 
 
 def test_the_stop_is_what_a_token_must_bring_to_match_plain_steps():
-    keep, go_on, _ = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).stop("model")
+    stop = policy(Costs(0.5, {"ngram": 0.05, "model": 0.3})).stop("model")
+    keep, go_on = stop.keep, stop.go_on
     assert keep == pytest.approx(0.1)  # its verification: 0.05 s of plain steps at 0.5 s each
     assert go_on == pytest.approx(0.6)  # a draft step and its verification: 0.3 s
-    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).stop("model")[1] == 0.95  # never drafts for nothing
+    assert policy(Costs(0.5, {"ngram": 0.05, "model": 0.9})).stop("model").go_on == 0.95  # never drafts for nothing
     # once a plan expects more than plain steps give, a token must match that rate (the best plan's): n-gram
     # lookup sure of 6 tokens makes 7 tokens in 0.8 s
     p = AutoPolicy(["ngram", "model"], 6, Costs(0.5, {"ngram": 0.05, "model": 0.3}),
                    lambda s, c, k: [[0.999999] * k] if s == "ngram" else None, warm=True)
-    assert p.plan([[0]]) == ("ngram", 6)
-    keep, go_on, _ = p.stop("model")
+    assert helpers.source_width(p.plan([[0]])) == ("ngram", 6)
+    stop = p.stop("model")
+    keep, go_on = stop.keep, stop.go_on
     assert keep == pytest.approx(0.05 * 7 / 0.8, rel=1e-3) and go_on == 0.95
 
 
@@ -142,37 +147,37 @@ def _confident(confs):
 
 
 def test_autoregress_stops_once_the_chance_that_the_whole_draft_passes_is_not_worth_a_step():
-    from mtpcli.drafters import autoregress, passes
+    from mtpcli.drafters import autoregress
 
     greedy = SamplingParams()
     # each position alone is above 0.5 (0.82); their product falls below it at the 4th: that token is kept (its
     # step was paid for), no 5th step is taken; with keep = 0.5 too, the 4th token is dropped as well
     assert passes(0.8, True) > 0.5 > passes(0.8, True) ** 4 and passes(0.8, True) ** 3 > 0.5
     step = _confident([[0.8] * 6])
-    assert autoregress(step, [6], greedy, [None], go_on=0.5).lengths == [4]
+    assert autoregress(step, [6], greedy, [None], stop=Stop(0.0, 0.5)).lengths == [4]
     assert len(step.calls) == 4  # no step run to be thrown away
-    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], keep=0.5, go_on=0.5).lengths == [3]
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], stop=Stop(0.5, 0.5)).lengths == [3]
     assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None]).lengths == [6]  # no stop: as asked
     # a batch drafts on together while its rows' chances, on average, stay above the stop
-    d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, go_on=0.5)
+    d = autoregress(_confident([[0.99, 0.99, 0.3, 0.99], [0.99] * 4]), [4, 4], greedy, [None] * 2, stop=Stop(0.0, 0.5))
     assert d.lengths == [4, 4] and d.requested == [4, 4] and d.tokens[1].tolist() == [0, 1, 2, 3]
     unsure = [[0.99, 0.3, 0.9, 0.9], [0.99, 0.4, 0.9, 0.9]]  # both at the second position: (0.37 + 0.46) / 2
-    assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, go_on=0.5).lengths == [2, 2]
-    assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, keep=0.45, go_on=0.5).lengths == [1, 1]
-    d = autoregress(_confident([[0.99] * 4] * 2), [2, 4], greedy, [None] * 2, go_on=0.5)
+    assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, stop=Stop(0.0, 0.5)).lengths == [2, 2]
+    assert autoregress(_confident(unsure), [4, 4], greedy, [None] * 2, stop=Stop(0.45, 0.5)).lengths == [1, 1]
+    d = autoregress(_confident([[0.99] * 4] * 2), [2, 4], greedy, [None] * 2, stop=Stop(0.0, 0.5))
     assert d.lengths == [2, 3]  # a row's own cap ends it; then the other's chance is worth half a plain step
     # at T > 0 the chance comes from sum min(p, q)'s fit: 0.59 for a draft half sure, then 0.35; near 1 where the
     # draft is sure (as sum min(p, q) is where both agree), so that sure tokens need no shift to be believed
     hot, keys = SamplingParams(temp=1.0), [mx.random.key(0)]
     assert passes(0.5, False) > 0.5 > passes(0.5, False) ** 2
     assert passes(1.0, False) == pytest.approx(1.0) and passes(0.99, False) > 0.985 > passes(0.9, False)
-    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, go_on=0.5).lengths == [2]
-    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, keep=0.4, go_on=0.5).lengths == [1]
+    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, stop=Stop(0.0, 0.5)).lengths == [2]
+    assert autoregress(_confident([[0.5] * 4]), [4], hot, keys, stop=Stop(0.4, 0.5)).lengths == [1]
     # a row whose drafts passed more often than their confidence said (its shift) drafts on; the chances the
     # draft reports are the unshifted ones (the points of the next fit)
-    d = autoregress(_confident([[0.5] * 4]), [4], hot, keys, go_on=0.5, shift=[2.0])
+    d = autoregress(_confident([[0.5] * 4]), [4], hot, keys, stop=Stop(0.0, 0.5, [2.0]))
     assert d.lengths == [4] and d.chances == [[pytest.approx(passes(0.5, False))] * 4]
-    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], go_on=0.5, shift=[-2.0]).lengths == [1]
+    assert autoregress(_confident([[0.8] * 6]), [6], greedy, [None], stop=Stop(0.0, 0.5, [-2.0])).lengths == [1]
 
 
 def test_drafted_tokens_are_counted_censored_and_a_draft_cut_short_as_rejected_where_it_stopped():
@@ -197,7 +202,7 @@ def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
     p = policy(poor, NO_MATCH)
     chosen = []
     for _ in range(70):
-        s, k = p.plan([[0]])
+        s, k = helpers.source_width(p.plan([[0]]))
         chosen.append(s)
         p.update([k], [0], source=s, seconds=1.0)
     # two cycles in a row after 8 and 16 (the first catches up, untimed); then it has drafted four times
@@ -205,18 +210,18 @@ def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
     assert sum(map(len, p.fit.drafts["model"].values())) == 2  # the second cycle of each probe timed, not the first
     cut, chosen = policy(poor, NO_MATCH), []  # a probe its stop cut to nothing still counts as made: the next waits
     for i in range(20):
-        s, k = cut.plan([[0]])
+        s, k = helpers.source_width(cut.plan([[0]]))
         chosen.append(s)
         cut.update([0], [0], source=s, requested=[k], seconds=1.0)
     assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17] and cut.drafted["model"] == 0
-    other = policy(poor, lambda s, c, k: [min(k, 2)] if s == "ngram" else None)
+    other = policy(poor, lambda s, c, k: [[1.0] * min(k, 2)] if s == "ngram" else None)
     for _ in range(12):  # lookup drafting every cycle does not use up the model's probe
-        s, k = other.plan([[0]])
+        s, k = helpers.source_width(other.plan([[0]]))
         other.update([k], [k], source=s, requested=[k])
     assert other.drafted["model"] == 2 and other.probe == 16
     good = policy(Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.95, 200.0]}), NO_MATCH)
     for _ in range(20):  # a source that drafts anyway is never forced
-        assert good.plan([[0]])[0] == "model"
+        assert good.plan([[0]]).source == "model"
         good.update([6], [6], source="model", requested=[6])
 
 
@@ -230,7 +235,7 @@ def test_a_cold_run_decides_by_its_own_measurements_from_its_rebase_cycle_on():
         p = AutoPolicy(["ngram", "model"], 4, prior, NO_MATCH, stops=[], rebase=rebase)
         chosen = []
         for _ in range(60):
-            s, k = p.plan([[0]])
+            s, k = helpers.source_width(p.plan([[0]]))
             chosen.append(s)
             p.update([k], [k], source=s, requested=[k], seconds=true.time(s, k))  # every draft passes: cost decides
         return p, chosen
@@ -358,14 +363,16 @@ def test_a_table_of_an_earlier_format_is_not_read_and_the_prior_is_used():
 
 # ---- the engine with two sources on tiny models -----------------------------------------------------------------
 
-def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, drafter_cls=AutoDrafter):
+def auto_engine(tiny, costs, sp=SamplingParams(), batch_size=1, drafter_cls=AutoDrafter, nodes=0):
+    """`nodes`: both sources draft trees of at most that many nodes where they pay, priced by `costs` (the plan's)."""
     target, draft = tiny
-    drafter = drafter_cls({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
+    spec = {s: Spec(nodes, 2, functools.partial(costs.time, s)) if nodes else None for s in ("ngram", "model")}
+    drafter = drafter_cls({"ngram": NgramDrafter(1, 3, spec["ngram"]), "model": ModelDrafter(draft.model,
+                                                                                             trees=spec["model"])})
     pol = AutoPolicy(["ngram", "model"], 4, costs, drafter.available_of, warm=True,  # no calibration steps
                      stops=["model"])  # as assemble.auto_policy: the model is asked for its widest, and its plans
     #                                    say where it stops (Plan.stop: where the draft is unsure)
-    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp),
-                  batch_size)
+    return Engine(target.model, drafter, pol, (), DecodeConfig(sampling=sp), batch_size, trees=bool(nodes))
 
 
 def run(eng, ids, n=1, max_tokens=48):
@@ -425,9 +432,9 @@ def pairs(tiny, sp, costs, prompt="abcabcabcabc", drafter_cls=AutoDrafter, stop=
         policy_stop = eng.policy.stop
 
         def stopping(source):
-            shift = policy_stop(source)[2]
+            shift = policy_stop(source).shifts
             shifts.extend(shift)
-            return (*stop, shift)
+            return Stop(*stop, shift)
         eng.policy.stop = stopping
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     return ids, arr[:, 0], arr[:, 1], eng

@@ -72,7 +72,7 @@ def test_adaptive_width_is_shared_and_greedy_rows_stay_lossless(tiny):
     ema = EmaController(1, 6)
     widths = []
     width = ema.width
-    ema.width = lambda: widths.append((width(), list(ema.estimates))) or widths[-1][0]
+    ema.width = lambda: widths.append((width(), list(ema.rows))) or widths[-1][0]
     out, eng = batched(tiny, "model", reqs, SamplingParams(), 3, controller=ema)
     assert out == alone
     # ONE width per cycle: the widest member's; finished rows with no refill leave the shared width

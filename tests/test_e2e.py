@@ -100,14 +100,14 @@ def test_an_eager_draft_model_prefills_the_prompt_at_the_start_and_counts_it(tin
 
 def test_the_gate_weighs_savings_over_the_remaining_tokens_against_the_catch_up():
     backlog = {"n": 100}
-    pol = AutoPolicy(["ngram", "model"], 4, PAYS, lambda s, c, k: [0] * len(c) if s == "ngram" else None,
+    pol = AutoPolicy(["ngram", "model"], 4, PAYS, lambda s, c, k: [[] for _ in c] if s == "ngram" else None,
                      warm=True, stops=["model"], prefills=["model"], backlog=lambda s, c: [backlog["n"]] * len(c))
-    assert pol.plan([[0]], [6])[0] is None  # 6 tokens save ~4 steps, the catch-up costs 5
-    assert pol.plan([[0]], [60])[0] == "model" and pol.caught == 100
-    assert pol.plan([[0], [0]], [4, 4])[0] is None  # two rows: twice the savings, twice the catch-up
-    assert pol.plan([[0]])[0] == "model"  # no end known: it pays
+    assert pol.plan([[0]], [6]).source is None  # 6 tokens save ~4 steps, the catch-up costs 5
+    assert pol.plan([[0]], [60]).source == "model" and pol.caught == 100
+    assert pol.plan([[0], [0]], [4, 4]).source is None  # two rows: twice the savings, twice the catch-up
+    assert pol.plan([[0]]).source == "model"  # no end known: it pays
     backlog["n"] = 2
-    assert pol.plan([[0]], [2])[0] == "model"  # caught up: a cycle's backlog costs next to nothing
+    assert pol.plan([[0]], [2]).source == "model"  # caught up: a cycle's backlog costs next to nothing
 
 
 def test_a_catch_up_times_the_sources_prefill_and_is_kept():

@@ -19,6 +19,7 @@ from mtpcli.drafters import NoDraft
 from mtpcli.drafters.eagle import EagleDrafter
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
+from mtpcli.tree import Spec
 from stattools import fits
 from helpers import argmax_drafts, collect, copies, passes, run, target_marginals
 from tiny import make_eagle3_head, make_model, make_windowed_model
@@ -139,26 +140,20 @@ def test_eagle3_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(heads, k
 def test_eagle3_greedy_trees_equal_plain_decoding(heads):
     target, head = load(heads)
     plain, _ = collect(target, NoDraft(), FixedWidth(0), (), PROMPT, 1, max_tokens=40)
-    d = EagleDrafter(head.model)
-    d.nodes, d.children = 8, 3
+    d = EagleDrafter(head.model, trees=Spec(8, 3))
     from mtpcli.engine import DecodeConfig, Engine, Request
 
-    eng = Engine(target.model, d, FixedWidth(4), (), DecodeConfig())
-    eng.target.allow_trees()
+    eng = Engine(target.model, d, FixedWidth(4), (), DecodeConfig(), trees=True)
     out = [t for ev in eng.generate([Request(0, list(target.tokenizer.encode(PROMPT)), 40, 0)]) for t in ev.tokens]
     assert out == plain[0] and eng.stats.trees["cycles"] > 0
 
 
 def sampled(heads, sp, tree=False, batch_size=250):
     target, head = load(heads)
-    d = EagleDrafter(head.model)
-    if tree:
-        d.nodes, d.children = 6, 3
+    d = EagleDrafter(head.model, trees=Spec(6, 3) if tree else None)
     from mtpcli.engine import DecodeConfig, Engine
 
-    eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(sampling=sp), batch_size)
-    if tree:
-        eng.target.allow_trees()
+    eng = Engine(target.model, d, FixedWidth(3), (), DecodeConfig(sampling=sp), batch_size, trees=tree)
     ids = list(target.tokenizer.encode(PROMPT))
     arr = np.array([o[:2] for o in run(eng, copies(ids, N, 3, 0))])
     return target_marginals(target, ids, sp), arr, eng

@@ -74,8 +74,7 @@ def _bits(lm: LM, hidden) -> list[bytes]:
 
 def _prefill(loaded, tokens, shelf, taps=()):
     """A one-row LM of `loaded` with `shelf`, after the prefill of `tokens`; and the hidden states it returned."""
-    lm = LM(loaded.model, prefill_step=STEP, taps=taps)
-    lm.shelf = shelf
+    lm = LM(loaded.model, prefill_step=STEP, taps=taps, shelf=shelf)
     lm.add_rows(1)
     return lm, lm.set_row(0, tokens)
 

@@ -17,6 +17,7 @@ from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.sampling import SamplingParams, probs
 from mtpcli.tables import summary_rows
+from mtpcli.tree import Spec
 from stattools import fits
 from helpers import N, marginals, resampled_from_p, run
 from tiny import make_target
@@ -35,13 +36,9 @@ def guide(loaded) -> constrain.Guide:
     return constrain.Guide(loaded.tokenizer, loaded.tokenizer.eos_token_ids, loaded.config["vocab_size"])
 
 
-def engine(loaded, drafter, width, batch_size=1, nodes=0, **cfg):
-    eng = Engine(loaded.model, drafter, FixedWidth(width), loaded.tokenizer.eos_token_ids, DecodeConfig(**cfg),
-                 batch_size, guide=guide(loaded))
-    if nodes:
-        eng.target.allow_trees()
-        drafter.nodes, drafter.children = nodes, 3
-    return eng
+def engine(loaded, drafter, width, batch_size=1, **cfg):
+    return Engine(loaded.model, drafter, FixedWidth(width), loaded.tokenizer.eos_token_ids, DecodeConfig(**cfg),
+                  batch_size, guide=guide(loaded), trees=drafter.trees is not None)
 
 
 def restricted_law(loaded, g: str, ids: list[int], sp: SamplingParams):
@@ -73,8 +70,9 @@ def test_speculation_under_a_constraint_samples_the_restricted_target(tiny, sp, 
     ids, g = list(target.tokenizer.encode(PROMPT)), grammar()
     p1, p2 = marginals(restricted_law(target, g, ids, sp), ids)
     assert (p1 > 0).sum() > 2 and (p2 > 0).sum() > 2  # several tokens allowed at each position
-    drafter = NgramDrafter(1, 3) if source.startswith("ngram") else ModelDrafter(draft.model)
-    eng = engine(target, drafter, 3, batch_size=250, nodes=6 if source.endswith("tree") else 0, sampling=sp)
+    spec = Spec(6, 3) if source.endswith("tree") else None
+    drafter = NgramDrafter(1, 3, spec) if source.startswith("ngram") else ModelDrafter(draft.model, trees=spec)
+    eng = engine(target, drafter, 3, batch_size=250, sampling=sp)
     first, second = draws(eng, ids, g)
     assert eng.stats.drafted > 0 and eng.stats.accepted < eng.stats.drafted  # it speculated, and rejected some
     assert bool(eng.stats.trees) == source.endswith("tree")

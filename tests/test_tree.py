@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 
 from mtpcli import assemble, models, verify
-from mtpcli.controller import FixedWidth
-from mtpcli.drafters import NoDraft, passes
+from mtpcli.controller import FixedWidth, Plan
+from mtpcli.drafters import NoDraft
+from mtpcli.stop import passes
+from mtpcli.drafters import trees
 from mtpcli.drafters.model import ModelDrafter
 from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
+from mtpcli.tree import Spec
 from stattools import fits
 
 import helpers
@@ -33,13 +36,10 @@ def window(tmp_path_factory):
     return models.load(str(make_windowed_model(root / "w"))), models.load(str(make_hybrid_model(root / "h")))
 
 
-def engine(target, drafter, width=4, nodes=8, batch_size=1, **cfg):
-    eng = Engine(target.model, drafter, FixedWidth(width if nodes is not None else 0), (), DecodeConfig(**cfg),
-                 batch_size)
-    if nodes:
-        eng.target.allow_trees()
-        drafter.nodes, drafter.children = nodes, 3
-    return eng
+def engine(target, drafter, width=4, batch_size=1, **cfg):
+    """An engine over `drafter`, whose target verifies trees where the drafter drafts them."""
+    return Engine(target.model, drafter, FixedWidth(width if drafter.speculates else 0), (), DecodeConfig(**cfg),
+                  batch_size, trees=drafter.trees is not None)
 
 
 def run(eng, tok, prompts, n=1, max_tokens=40, seed=0):
@@ -47,15 +47,19 @@ def run(eng, tok, prompts, n=1, max_tokens=40, seed=0):
                              enumerate((p, c) for p in prompts for c in range(n))])
 
 
-def costed(d):
+def tree(nodes=8, cost=None):
+    return Spec(nodes, 3, cost)
+
+
+def costed(nodes=8):
     """tree = auto's decision, under a cost where a node past the chain costs a fifth of a drafted token."""
-    d.cost = lambda k, n: 1.0 + 0.1 * k + 0.02 * (n - k)
-    return d
+    return tree(nodes, lambda k, n: 1.0 + 0.1 * k + 0.02 * (n - k))
 
 
 def drafters(draft):
-    return {"ngram": lambda: NgramDrafter(1, 3), "model": lambda: ModelDrafter(draft.model),
-            "model-auto": lambda: costed(ModelDrafter(draft.model)), "ngram-auto": lambda: costed(NgramDrafter(1, 3))}
+    return {"ngram": lambda: NgramDrafter(1, 3, tree()), "model": lambda: ModelDrafter(draft.model, trees=tree()),
+            "model-auto": lambda: ModelDrafter(draft.model, trees=costed()),
+            "ngram-auto": lambda: NgramDrafter(1, 3, costed())}
 
 
 @pytest.mark.parametrize("kind", ["full", "window"])
@@ -63,7 +67,7 @@ def drafters(draft):
 def test_greedy_tree_decoding_equals_plain_decoding_one_row_and_a_ragged_batch(tiny, window, kind, source):
     target = tiny[0] if kind == "full" else window[0]
     tok = target.tokenizer
-    plain = run(engine(target, NoDraft(), nodes=None), tok, PROMPTS)
+    plain = run(engine(target, NoDraft()), tok, PROMPTS)
     for batch in (1, 3):
         eng = engine(target, drafters(tiny[1])[source](), batch_size=batch)
         assert run(eng, tok, PROMPTS) == plain
@@ -73,7 +77,7 @@ def test_greedy_tree_decoding_equals_plain_decoding_one_row_and_a_ragged_batch(t
 
 def test_a_tree_takes_later_children_and_commits_more_per_cycle_on_branching_text(tiny):
     target, draft = tiny
-    eng = engine(target, ModelDrafter(draft.model), nodes=12)
+    eng = engine(target, ModelDrafter(draft.model, trees=tree(12)))
     run(eng, target.tokenizer, PROMPTS, max_tokens=60)
     assert eng.stats.to_dict()["trees"]["side_paths"] > 0
 
@@ -81,17 +85,14 @@ def test_a_tree_takes_later_children_and_commits_more_per_cycle_on_branching_tex
 def test_a_hybrid_target_keeps_chains_under_auto_and_refuses_a_budget(tiny, window):
     target = window[1]
     for tree, refused in (("auto", False), ("8", True)):
-        drafter = NgramDrafter(1, 3)
-        eng = engine(target, drafter, nodes=0)
-        cfg = types.SimpleNamespace(tree=tree, tree_children=3)
+        cfg = types.SimpleNamespace(tree=tree, tree_children=3, draft="ngram")
         if refused:
             with pytest.raises(ModelError, match="tree"):
-                assemble.use_trees(cfg, eng, drafter)
+                assemble.verifies_trees(cfg, target)
         else:
-            assemble.use_trees(cfg, eng, drafter)
-            assert drafter.nodes == 0
-            plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS[:1])
-            assert run(eng, target.tokenizer, PROMPTS[:1]) == plain
+            assert not assemble.verifies_trees(cfg, target)
+            plain = run(engine(target, NoDraft()), target.tokenizer, PROMPTS[:1])
+            assert run(engine(target, NgramDrafter(1, 3)), target.tokenizer, PROMPTS[:1]) == plain
 
 
 CASES = [SamplingParams(temp=1.0), SamplingParams(temp=0.7, top_k=8)]
@@ -139,21 +140,20 @@ def test_auto_trees_where_siblings_are_likely_enough_to_pay_for_their_verificati
 
 
 def test_auto_drafts_the_chain_it_would_have_drafted_where_a_tree_does_not_pay():
-    d = NgramDrafter(1, 3)
-    d.nodes, d.children, d.cost = 6, 3, lambda k, n: 1.0 + 0.1 * k + 5.0 * (n - k)  # a node past the chain: dear
+    d = NgramDrafter(1, 3, Spec(6, 3, lambda k, n: 1.0 + 0.1 * k + 5.0 * (n - k)))  # a node past the chain: dear
     ctxs = [[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2], [7, 8, 7, 9, 7], [1, 2, 3], [4, 4, 4, 4]]  # branching, one, none
     d.add_rows(len(ctxs))
     for b, c in enumerate(ctxs):
         d.start(b, c)
     assert len(d.looks(0, ctxs[0], 4, 6)) == 3  # three earlier occurrences: a tree is there to be had
     for caps in ([4, 3, 2, 0], [2, 0, 4, 5]):
-        got = d.tree(ctxs, caps)
-        want = d.chain([d.look(b, c, k) if k else ([], []) for b, (c, k) in enumerate(zip(ctxs, caps))])
+        got = trees.lookup(d, ctxs, caps, None)
+        want = trees.as_chain([d.look(b, c, k) if k else ([], []) for b, (c, k) in enumerate(zip(ctxs, caps))])
         assert got.tree is None and got.tokens.tolist() == want.tokens.tolist()
         assert (got.lengths, got.requested, got.chances) == (want.lengths, want.requested, want.chances)
-    assert d.tree(ctxs, [7, 1, 1, 1]) is None  # a cap past the budget: the chain is longer than the candidates
-    d.cost = lambda k, n: 1.0 + 0.1 * k + 0.001 * (n - k)  # cheap nodes: the tree
-    assert d.tree(ctxs, [4, 3, 2, 0]).tree is not None
+    assert trees.lookup(d, ctxs, [7, 1, 1, 1], None) is None  # a cap past the budget: the chain is the longer
+    cheap = Plan("ngram", 4, cost=lambda k, n: 1.0 + 0.1 * k + 0.001 * (n - k))  # auto's table, nodes cheap: the tree
+    assert trees.lookup(d, ctxs, [4, 3, 2, 0], cheap).tree is not None
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(temp=0.0), SamplingParams(temp=1.0, top_k=6)])
@@ -162,17 +162,15 @@ def test_a_model_trees_decision_sees_the_shape_and_chances_of_the_tree_it_would_
     when it pays (each sibling at T = 0 with its draft probability, at T > 0 the sum of q^2 / q of what it is drawn
     from), and a tree that does not pay costs no sibling's draw."""
     from mtpcli.drafters import Draft
-    from mtpcli.drafters import model as model_drafter
 
     mx.random.seed(3)
     q = mx.softmax(2.0 * mx.random.normal((2, 3, 16)), axis=-1)
     chain = Draft(mx.argmax(q, axis=-1).astype(mx.int32), q, [3, 2], [3, 2], None)
-    d = ModelDrafter.__new__(ModelDrafter)
-    d.nodes, d.children, d.cost = 7, 3, lambda k, n: 1.0
+    spec = Spec(7, 3, lambda k, n: 1.0)
     weighed = []
-    monkeypatch.setattr(model_drafter, "pays", lambda trees, chain, cost: weighed.append(trees) or True)
+    monkeypatch.setattr(trees, "pays", lambda trees, chain, cost: weighed.append(trees) or True)
     keys = [mx.random.key(1), mx.random.key(2)]
-    got = d.tree(chain, sp, keys)
+    got = trees.siblings(chain, sp, keys, spec, spec.cost)
     for b, (parents, chances) in enumerate(weighed[0]):
         n = got.lengths[b]
         assert parents == got.tree.parents[b][:n].tolist()
@@ -190,14 +188,14 @@ def test_a_model_trees_decision_sees_the_shape_and_chances_of_the_tree_it_would_
                 rest = mx.where(mx.arange(16) == chain.tokens[b, depth[i]], 0.0, q[b, depth[i]])
                 assert chances[i] == pytest.approx(((rest * rest).sum() / rest.sum()).item())
         assert n > chain.lengths[b]  # siblings were drawn: the budget had room
-    monkeypatch.setattr(model_drafter, "pays", lambda trees, chain, cost: False)
+    monkeypatch.setattr(trees, "pays", lambda trees, chain, cost: False)
     monkeypatch.setattr(mx.random, "gumbel", lambda *a, **k: pytest.fail("a sibling drawn for a tree not taken"))
-    assert d.tree(chain, sp, keys).tree is None
+    assert trees.siblings(chain, sp, keys, spec, spec.cost).tree is None
 
 
 def test_greedy_auto_trees_equal_plain_decoding(tiny):
     target = tiny[0]
-    plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS)
+    plain = run(engine(target, NoDraft()), target.tokenizer, PROMPTS)
     for source in ("ngram-auto", "model-auto"):
         eng = engine(target, drafters(tiny[1])[source](), batch_size=3)
         assert run(eng, target.tokenizer, PROMPTS) == plain
@@ -209,17 +207,17 @@ def history_drafter(target, prompt, seeds=6):
     from mtpcli.history import Doc, Store
 
     ids = list(target.tokenizer.encode(prompt))
-    outs = [run(engine(target, NoDraft(), nodes=None, sampling=SamplingParams(temp=1.0)), target.tokenizer,
+    outs = [run(engine(target, NoDraft(), sampling=SamplingParams(temp=1.0)), target.tokenizer,
                 [prompt], max_tokens=12, seed=s)[0] for s in range(seeds)]
     store = Store("t")
     store.docs = [Doc(np.array(o, np.int64), np.array(ids, np.int64)) for o in outs]
-    return HistoryDrafter(store)
+    return HistoryDrafter(store, trees=tree())
 
 
 @pytest.mark.slow
 def test_history_trees_greedy_identity_and_the_targets_distribution(tiny):
     target = tiny[0]
-    plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS[:1])
+    plain = run(engine(target, NoDraft()), target.tokenizer, PROMPTS[:1])
     eng = engine(target, history_drafter(target, PROMPTS[0]))
     assert run(eng, target.tokenizer, PROMPTS[:1]) == plain
     sp = CASES[0]
@@ -258,13 +256,13 @@ def test_the_cli_reports_trees_and_refuses_them_where_they_cannot_be_exact(cli, 
 
 def test_a_budget_below_the_width_cuts_the_chain_to_it_and_auto_weighs_it(tiny):
     target, draft = tiny
-    plain = run(engine(target, NoDraft(), nodes=None), target.tokenizer, PROMPTS)
-    for make in (lambda: ModelDrafter(draft.model), lambda: costed(ModelDrafter(draft.model)),
-                 lambda: costed(NgramDrafter(1, 3)), lambda: NgramDrafter(1, 3)):
+    plain = run(engine(target, NoDraft()), target.tokenizer, PROMPTS)
+    for make in (lambda: ModelDrafter(draft.model, trees=tree(4)), lambda: ModelDrafter(draft.model, trees=costed(4)),
+                 lambda: NgramDrafter(1, 3, costed(4)), lambda: NgramDrafter(1, 3, tree(4))):
         d = make()
-        eng = engine(target, d, width=8, nodes=4)
+        eng = engine(target, d, width=8)
         assert run(eng, target.tokenizer, PROMPTS) == plain
-        if d.cost is None:  # (under auto a lookup chain keeps its width where its tree does not pay)
+        if d.trees.cost is None:  # (under auto a lookup chain keeps its width where its tree does not pay)
             assert max(int(k) for k in eng.stats.to_dict()["draft_width_hist"]) <= 4
         trees = eng.stats.to_dict().get("trees")
         assert trees is None or trees["chain_cycles"] >= 0

@@ -44,8 +44,7 @@ def trees(rows):
 @pytest.mark.parametrize("rows", [[0], [0, 1]], ids=["one-row", "ragged-batch"])
 def test_a_tree_pass_gives_each_node_its_paths_logits_and_keeps_only_the_accepted_path(targets, kind, rows):
     model = targets[kind]
-    lm = LM(model)
-    lm.allow_trees()
+    lm = LM(model, trees=True)
     lm.add_rows(len(rows))
     for b, r in enumerate(rows):
         lm.set_row(b, PROMPTS[r][:-1])
@@ -71,4 +70,4 @@ def test_a_tree_pass_gives_each_node_its_paths_logits_and_keeps_only_the_accepte
 
 def test_a_hybrid_target_refuses_trees_before_decoding(targets):
     with pytest.raises(ModelError, match="tree"):
-        LM(targets["hybrid"]).allow_trees()
+        LM(targets["hybrid"], trees=True)

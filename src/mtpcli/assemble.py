@@ -23,10 +23,12 @@ from .drafters.model import ModelDrafter
 from .drafters.mtp import MtpDrafter
 from .drafters.ngram import NgramDrafter
 from .engine import DecodeConfig, Engine
+from .cache import tree_ropes
 from .errors import ModelError
 from .costs import Costs, prior_costs
 from .policy import AutoPolicy
 from .sampling import SamplingParams
+from .tree import Spec
 
 
 def decode_config(cfg: Config) -> DecodeConfig:
@@ -42,87 +44,90 @@ def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False)
                          max(1, int(min(cfg.history_max_mb * (1 << 20), 1 << 62))), keep_prompts)  # (1e308: no cap)
 
 
-def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store) -> Drafter:
-    """One draft source; under draft = auto a draft model defers its prompt's prefill until auto brings it in."""
+def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store, trees: bool = False,
+           prefills: prefix.Store | None = None) -> Drafter:
+    """One draft source (`trees`: drafting the trees the configuration asks for, where it can); under draft = auto
+    a draft model defers its prompt's prefill until auto brings it in."""
+    spec = tree_spec(cfg, kind, target, draft) if trees else None
     if kind == "ngram":
-        return NgramDrafter(cfg.ngram_min, cfg.ngram_max)
+        return NgramDrafter(cfg.ngram_min, cfg.ngram_max, spec)
     if kind == "history":
-        return HistoryDrafter(store, models.output_size(target))
+        return HistoryDrafter(store, models.output_size(target), spec)
     if kind == "mtp":
         return MtpDrafter(models.mtp_head(target), target.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
     if kind == "eagle3":
-        return EagleDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+        return EagleDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step, trees=spec)
     if kind == "dflash":
         return DFlashDrafter(draft.model, prefill_step=cfg.prefill_step)
-    return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step, defer=cfg.draft == "auto")
+    return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step, defer=cfg.draft == "auto",
+                        trees=spec, shelf=shelf(cfg, prefills, draft, "draft model", "none"))
 
 
 def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None,
-           keep: bool = False) -> Engine:
+           keep: bool = False, prefills: prefix.Store | None = None) -> Engine:
     """The engine of a settled configuration (config.settle); `keep`: the run keeps what auto measured (a first
-    run then decides by its own measurements once it has some: REBASE; one that keeps nothing stays reproducible)."""
+    run then decides by its own measurements once it has some: REBASE; one that keeps nothing stays reproducible);
+    `prefills`: the kept prefills (prefix.py), a shelf for the target and each draft model."""
     store = open_history(cfg, target) if store is None else store
+    trees = verifies_trees(cfg, target)
     if cfg.draft == "auto":
-        drafter = AutoDrafter({k: source(k, cfg, target, draft, store) for k in cfg.sources})
+        drafter = AutoDrafter({k: source(k, cfg, target, draft, store, trees, prefills) for k in cfg.sources})
         policy = auto_policy(cfg, target, draft, drafter, rebase=REBASE if keep and not runlog.disabled() else 0)
     elif cfg.draft == "none":
         drafter, policy = NoDraft(), FixedWidth(0)
     else:  # one source's width: fixed, or adaptive (the censoring-aware EMA)
-        drafter = source(cfg.draft, cfg, target, draft, store)
+        drafter = source(cfg.draft, cfg, target, draft, store, trees, prefills)
         policy = EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init) if cfg.adaptive \
             else FixedWidth(cfg.num_draft_tokens)
     vocab = (target.config.get("text_config") or target.config).get("vocab_size")
     guide = Guide(target.tokenizer, target.tokenizer.eos_token_ids, vocab) if vocab else None  # (built at its first use)
+    hidden = f"taps {list(drafter.taps)}" if drafter.taps else "last" if drafter.needs_hidden else "none"
     eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size,
-                 guide=guide)
-    if cfg.tree != "off":
-        use_trees(cfg, eng, drafter)
+                 guide=guide, trees=trees, shelf=shelf(cfg, prefills, target, "target", hidden))
     if isinstance(policy, AutoPolicy):
         use_kept_costs(policy, costs_key(cfg, eng.batch_size))
     return eng
 
 
-def keep_prefills(cfg: Config, eng: Engine, target: models.Loaded, draft: models.Loaded | None) -> prefix.Store:
-    """The kept prefills (prefix.py) of the target's and each draft model's prefills: a shelf each, under the key of
-    what makes its states valid (a head's states are the target's hidden states, kept with them)."""
-    store = prefix.Store(cfg.prefill_cache_mb)
-    named = eng.drafter.sources if isinstance(eng.drafter, AutoDrafter) else {eng.drafter.name: eng.drafter}
-    lms = [(eng.target, target, "target")] + [(d.lm, draft, "draft model") for d in named.values()
-                                              if isinstance(d, ModelDrafter)]
-    for lm, loaded, role in lms:
-        hidden = f"taps {list(lm.taps)}" if lm.taps else "last" if lm.keep_hidden else "none"
-        lm.shelf = store.shelf(prefix.model_key(loaded.path, loaded.model, role,
-                                                f"prefill_step {lm.prefill_step}, hidden states {hidden}"))
-    return store
+def shelf(cfg: Config, prefills: prefix.Store | None, loaded: models.Loaded, role: str, hidden: str):
+    """A model's shelf of kept prefills, under the key of what makes its states valid (a head's states are the
+    target's hidden states, kept with them: `hidden`); None without kept prefills."""
+    return prefills and prefills.shelf(prefix.model_key(loaded.path, loaded.model, role,
+                                                        f"prefill_step {cfg.prefill_step}, hidden states {hidden}"))
 
 
 REBASE = 32  # a first run that keeps its table decides by its own measurements from this cycle on (AutoPolicy)
 AUTO_TREE = 16  # tree = auto: the most nodes a tree may have
 
 
-def use_trees(cfg: Config, eng: Engine, drafter: Drafter) -> None:
-    """Draft trees for the sources that make them (a budget refused before decoding by a target that cannot verify
-    one in a pass; `auto`: chains there)."""
-    try:
-        eng.target.allow_trees()
+def verifies_trees(cfg: Config, target: models.Loaded) -> bool:
+    """Whether the target verifies draft trees: as the configuration asks, where it can (a budget refused before
+    decoding by a target that cannot verify one in a pass; `auto`: chains there)."""
+    kinds = set(cfg.sources if cfg.draft == "auto" else [cfg.draft])
+    try:  # (MTP heads read the target's last states; EAGLE-3 and DFlash heads, tapped layers')
+        cfg.tree == "off" or tree_ropes(target.model, "target model", "mtp" in kinds and not kinds & {"eagle3", "dflash"})
     except ModelError:
         if cfg.tree != "auto":
             raise
-        return
-    named = drafter.sources if isinstance(drafter, AutoDrafter) else {drafter.name: drafter}
-    for name, d in named.items():
-        if d.trees:
-            d.nodes, d.children = (AUTO_TREE if cfg.tree == "auto" else int(cfg.tree)), cfg.tree_children
-        if d.trees and cfg.tree == "auto":
-            ratio = {name: _params(d.lm.model) / _params(eng.target.model)} if name in ("model", "eagle3") else {}
-            d.cost = functools.partial(_tree_cost, eng.policy, name, ratio)
+        return False
+    return cfg.tree != "off"
 
 
-def _tree_cost(policy, name: str, ratio: dict, k: int, n: int) -> float:
-    """A cycle's seconds drafting k tokens of `name` and verifying n, from auto's table (else the prior, with the
-    draft model's size over the target's): a node past the chain costs its share of the concave verification."""
-    gpu = mx.default_device() == mx.gpu
-    return (policy.costs if isinstance(policy, AutoPolicy) else prior_costs([name], ratio, gpu)).time(name, k, n)
+def tree_spec(cfg: Config, kind: str, target: models.Loaded, draft: models.Loaded | None) -> Spec | None:
+    """The trees a source drafts (n-gram, history, a draft model, EAGLE-3 heads; None: the others); tree = auto: where
+    they pay, by the prior's cycle costs (with the draft model's size over the target's) where auto's table does not
+    price them (Plan.cost)."""
+    if kind not in ("ngram", "history", "model", "eagle3"):
+        return None
+    prior = prior_costs([kind], ratios([kind], target, draft), mx.default_device() == mx.gpu)
+    return Spec(AUTO_TREE if cfg.tree == "auto" else int(cfg.tree), cfg.tree_children,
+                functools.partial(prior.time, kind) if cfg.tree == "auto" else None)
+
+
+def ratios(names, target: models.Loaded, draft: models.Loaded | None) -> dict[str, float]:
+    """Each drafting model's size over the target's (the prior's cost of its token)."""
+    return {n: _params(models.mtp_head(target) if n == "mtp" else draft.model) / _params(target.model)
+            for n in names if n in ("model", "eagle3", "dflash", "mtp")}
 
 
 def _params(model) -> int:
@@ -132,9 +137,7 @@ def _params(model) -> int:
 def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None, drafter, rebase: int = 0) -> AutoPolicy:
     """The policy of draft = auto, with the prior from the models' sizes (use_kept_costs: this machine's table)."""
     names = list(drafter.sources)
-    ratio = {n: _params(models.mtp_head(target) if n == "mtp" else draft.model) / _params(target.model)
-             for n in names if n in ("model", "eagle3", "dflash", "mtp")}  # a draft's size over the target's
-    prior = prior_costs(names, ratio, gpu=mx.default_device() == mx.gpu)
+    prior = prior_costs(names, ratios(names, target, draft), gpu=mx.default_device() == mx.gpu)
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     prefills = [n for n, d in drafter.sources.items() if d.defer]  # a deferred draft model
     return AutoPolicy(names, cfg.n_max, prior, drafter.available_of, widest=dict(cfg.widest), stops=stops,

@@ -17,6 +17,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 from .errors import ModelError
 from .layout import STEP, Layout, RowKV, TreeRope
+from .tree import Shape
 
 BUCKETED_DEFAULT: bool | None = None  # None: bucketed on MLX's CUDA backend only (benchmarks may set it)
 
@@ -75,13 +76,26 @@ def in_chunks(feed, n: int, step: int, state, start: int = 0, leave: int = 0) ->
     return start
 
 
+def tree_ropes(model, role: str, last_hidden: bool = False) -> list:
+    """The modules holding the RoPEs of a model that verifies draft trees in one pass (verify.tree); refused before
+    decoding where a layer cannot take one (recurrent state; `last_hidden`: its last layer's states handed on)."""
+    if last_hidden or any(layer_kind(c) in ("state", "native") for c in make_prompt_cache(model)):
+        raise ModelError(f"the {role} keeps recurrent state or hands on hidden states: a draft tree cannot be "
+                         "verified in one pass of it (use --spec-tree off)")
+    ropes = [m for _, m in model.named_modules() if isinstance(m.get("rope"), nn.Module)]
+    if not ropes:
+        raise ModelError(f"no RoPE found in the {role}: a draft tree needs one position per node (use --spec-tree off)")
+    return ropes
+
+
 class LM:
     """A model over B rows of caches: prefill a row (a repeated prompt is prefilled once), feed blocks, keep
     per-row prefixes (trim, holes, or snapshot + replay)."""
 
     def __init__(self, model, role: str = "model", prefill_step: int = 512, hidden: bool = False,
-                 bucketed: bool | None = None, taps: tuple[int, ...] = ()):
-        self.model, self.role, self.prefill_step = model, role, prefill_step
+                 bucketed: bool | None = None, taps: tuple[int, ...] = (), trees: bool = False, shelf=None):
+        """`trees`: it verifies draft trees (or refuses them here); `shelf`: its prefills kept (prefix.Shelf)."""
+        self.model, self.role, self.prefill_step, self.shelf = model, role, prefill_step, shelf
         native = make_prompt_cache(model)
         self.kinds = [layer_kind(c) for c in native]
         self.windows = [c.max_size if k == "window" else None for k, c in zip(self.kinds, native)]
@@ -104,10 +118,12 @@ class LM:
         self._fed: list[mx.array] = []
         self._prefix: tuple | None = None  # the last prefilled prompt: (tokens, layout, caches, hidden)
         self.reused = False  # the last set_row took its prompt from the previous prefill
-        self.shelf = None  # prefix.Shelf: this model's prefills kept across runs (generate attaches it)
         self.cached = 0  # tokens of the last prefill taken from the shelf
         self.trims = "state" not in self.kinds  # a kept state's first n tokens are its state at n (not recurrent)
         self._expected: dict | None = None  # what a kept state of this model holds (_fits)
+        for m in tree_ropes(model, role, self.keep_hidden and not self.taps) if trees else ():
+            if not isinstance(m["rope"], TreeRope):
+                m.rope = TreeRope(m["rope"])
 
     def _fresh(self, rows: int, bucketed: bool):
         layout = Layout(rows, bucketed)
@@ -123,19 +139,6 @@ class LM:
             kinds = sorted({type(c).__name__ for k, c in zip(self.kinds, self.caches) if k == "native"})
             raise ModelError(f"the {self.role}'s cache ({', '.join(kinds)}) cannot be rolled back after a rejected "
                              "draft; speculative decoding of this model is not supported (use --draft none)")
-
-    def allow_trees(self) -> None:
-        """Tree blocks (verify.tree) in one pass: refused before decoding where a layer cannot take one."""
-        if self.one_row or (self.keep_hidden and not self.taps):
-            raise ModelError(f"the {self.role} keeps recurrent state or hands on hidden states: a draft tree cannot "
-                             "be verified in one pass of it (use --spec-tree off)")
-        ropes = [m for _, m in self.model.named_modules() if isinstance(m.get("rope"), nn.Module)]
-        if not ropes:
-            raise ModelError(f"no RoPE found in the {self.role}: a draft tree needs one position per node "
-                             "(use --spec-tree off)")
-        for m in ropes:
-            if not isinstance(m["rope"], TreeRope):
-                m.rope = TreeRope(m["rope"])
 
     # ---- rows -------------------------------------------------------------------------------------------------
     def add_rows(self, n: int) -> None:
@@ -376,7 +379,7 @@ class LM:
         follow it (their keys were made at their depth's position: they stay right where they land)."""
         n = self._tree_n
         at = self.layout.write - n
-        if any(p != list(range(1, len(p) + 1)) for p in paths):
+        if any(Shape.followed(p) < len(p) for p in paths):
             idx = np.tile(np.arange(n), (self.rows, 1))
             for b, p in enumerate(paths):
                 idx[b, 1 : 1 + len(p)] = p

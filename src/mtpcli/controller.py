@@ -11,27 +11,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
+
+from .stop import Stop
 
 
-class Plan(tuple):
-    """(source, width): the source that drafts (None: the engine's one drafter, or a plain step at width 0) and the
-    width; `stop` (keep, go_on, shifts): where a draft that stops itself stops (drafters.autoregress), or None."""
+@dataclass(frozen=True)
+class Plan:
+    """A cycle's plan for the batch: the source that drafts (None: the engine's one drafter, or a plain step at width
+    0), its width, where a draft that stops itself stops (stop.Stop; None: where p_min says), and draft = auto's
+    cost(k, n) of a cycle drafting k and verifying n nodes of the source (its table's: tree = auto weighs a tree by it)."""
 
-    def __new__(cls, source: str | None, width: int, stop: tuple | None = None):
-        plan = super().__new__(cls, (source, width))
-        plan.stop = stop
-        return plan
-
-    source = property(lambda self: self[0])
-    width = property(lambda self: self[1])
+    source: str | None
+    width: int
+    stop: Stop | None = None
+    cost: Callable[[int, int], float] | None = None
 
 
 class WidthPolicy:
-    """One source, a width per cycle; per-member state in the lists named in `members` (`fresh` gives one)."""
+    """One source, a width per cycle; each row's state is its record in `rows` (`fresh()` gives a new one)."""
 
     observes = False  # wants observe(confidences): the target's largest probability at each committed token
-    members: tuple[str, ...] = ()
     batch: int = 1
 
     def __post_init__(self):  # (the dataclass policies)
@@ -46,24 +46,20 @@ class WidthPolicy:
         self.batch = batch
         self.reset()
 
-    def fresh(self, name: str):
-        return []
+    def fresh(self):
+        return None
 
     def reset(self, member: int | None = None) -> None:
         """Start a new prompt: all members, or one member of the batch."""
-        for name in self.members:
-            if member is None:
-                setattr(self, name, [self.fresh(name) for _ in range(self.batch)])
-            else:
-                getattr(self, name)[member] = self.fresh(name)
+        if member is None:
+            self.rows = [self.fresh() for _ in range(self.batch)]
+        else:
+            self.rows[member] = self.fresh()
 
     def keep(self, members: Sequence[int]) -> None:
         """Keep only these batch members (in this order): rows that finished with no prompt left to refill them
         leave the batch, and their estimates stop counting towards the shared width."""
-        for name in self.members:
-            values = getattr(self, name)
-            setattr(self, name, [values[m] for m in members])
-        self.batch = len(members)
+        self.rows, self.batch = [self.rows[m] for m in members], len(members)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None, chances=None,
@@ -106,7 +102,6 @@ class EmaController(WidthPolicy):
     probe: float = 1.0
     init: float = 2.0
     batch: int = 1
-    members = ("estimates",)
 
     def __post_init__(self):
         if self.n_min < 1:
@@ -117,11 +112,11 @@ class EmaController(WidthPolicy):
             raise ValueError(f"ema_alpha must be in (0, 1] (got {self.alpha})")
         self.reset()
 
-    def fresh(self, name: str):
+    def fresh(self) -> float:  # (a row's record: its estimate)
         return min(self.init, self.n_max)
 
     def member_width(self, member: int) -> int:
-        return min(max(math.floor(self.estimates[member] + 0.5), self.n_min), self.n_max)  # half up, not banker's
+        return min(max(math.floor(self.rows[member] + 0.5), self.n_min), self.n_max)  # half up, not banker's
 
     def width(self) -> int:
         return max(self.member_width(m) for m in range(self.batch))
@@ -129,9 +124,9 @@ class EmaController(WidthPolicy):
     def update(self, drafted, accepted, *args, **kwargs) -> None:
         for member, (n, a) in enumerate(zip(drafted, accepted)):
             if n > 0:  # (nothing drafted: no evidence either way)
-                e = self.estimates[member]
+                e = self.rows[member]
                 e = (1.0 - self.alpha) * e + self.alpha * a if a < n else e + self.probe
-                self.estimates[member] = min(e, float(self.n_max))
+                self.rows[member] = min(e, float(self.n_max))
 
     def estimate(self, member: int = 0) -> float:
-        return self.estimates[member]
+        return self.rows[member]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import mlx.core as mx
@@ -160,13 +160,14 @@ def confidence(logits: mx.array) -> mx.array:
 
 class Engine:
     def __init__(self, model, drafter=None, policy=None, eos_token_ids=(), config=DecodeConfig(),
-                 batch_size: int = 1, peer=None, guide=None):
+                 batch_size: int = 1, peer=None, guide=None, trees: bool = False, shelf=None):
+        """`trees`: the target verifies draft trees; `shelf`: its prefills kept across runs (cache.LM)."""
         self.drafter = drafter or NoDraft()
         self.guide = guide  # constrain.Guide: the rows' constraints (None: no row has one)
         for d in [self.drafter, *getattr(self.drafter, "sources", {}).values()]:
             d.guide = guide  # (a sampled draft is proposed under the constraint along its own path)
         self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden,
-                         taps=self.drafter.taps)
+                         taps=self.drafter.taps, trees=trees, shelf=shelf)
         if self.drafter.speculates:
             self.target.require_rollback()  # refused before any decoding, not at the first rejection
         self.policy = policy or FixedWidth(0)
@@ -219,17 +220,8 @@ class Engine:
         rows, cfg = list(self.rows), self.cfg
         f = Flight(rows, plan, [r.key for r in rows], time.perf_counter())
         keys = [(None, None) if cfg.sampling.greedy else self._split(r) for r in rows]  # the draft's, the law's
-        caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
         contexts = [r.context for r in rows]
-        # a row's forced tokens are free drafts, taken before (and whatever the width of) the plan's
-        forced = self.guide.forced([max(0, min(FORCED_MAX, r.req.max_tokens - r.generated - 1)) for r in rows]) \
-            if self.guide is not None and self.guide.active and self.drafter.speculates else [[] for _ in rows]
-        caps = [0 if x else c for x, c in zip(forced, caps)]
-        draft = self.drafter.propose(contexts, caps, cfg.sampling, [k[0] for k in keys], plan) if max(caps) else \
-            empty(caps)
-        if any(forced):
-            draft = with_forced(draft, forced)
-        draft, source = self.peer.share_draft(draft, plan.source)  # rank 0's drafts on every rank
+        draft, source, forced, caps = self._propose(rows, plan, [k[0] for k in keys])
         masks = self.guide.masks(draft) if self.guide is not None else None
         if masks is not None and draft.tree is None and draft.q is None:  # a forbidden deterministic draft: p = 0
             draft.lengths = [min(n, a) for n, a in zip(draft.lengths, masks[1])]  # (rejected surely: cut before)
@@ -263,18 +255,8 @@ class Engine:
             if self.guide is not None:
                 self.guide.commit(b, new)
         seconds = self.clock.charge(f)
-        if any(forced) and max(caps):  # a source drafted for the other rows: the forced rows drafted nothing of its
-            chain, kept = [0 if x else n for x, n in zip(forced, chain)], [0 if x else n for x, n in zip(forced, kept)]
         if self.drafter.speculates:  # (rows launched ahead are the batch's rows: only one row is)
-            self.drafter.commit(contexts, kept, self.target.hidden)
-        if self.drafter.speculates and (max(caps) or not any(forced)):  # (forced drafts tell a policy nothing)
-            self.policy.update(chain, kept, seconds=seconds if f.timed else None,
-                               source=plan.source if max(caps) else None,
-                               requested=[0 if x else n for x, n in zip(forced, draft.requested)],
-                               chances=draft.chances and [[] if x else c for x, c in zip(forced, draft.chances)],
-                               tree=draft.tree is not None)
-            if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
-                self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
+            self._learn(contexts, plan, draft, forced, caps, chain, kept, at, seconds if f.timed else None, conf)
         self.cycles += 1
         sums = [x.tolist() for x in judged.sums]
         for b, r in enumerate(rows):
@@ -288,6 +270,31 @@ class Engine:
                                         draft.requested[b], n_acc[b], news[b], spent, [x[b] for x in sums], b)
 
     # ---- the parts around the cycle --------------------------------------------------------------------------
+    def _propose(self, rows: list[Row], plan: Plan, keys: list) -> tuple:
+        """The batch's draft, its source, each row's forced tokens (free drafts, taken before and whatever the width
+        of the plan's) and what the plan's source was asked for."""
+        caps = [max(0, min(plan.width, r.req.max_tokens - r.generated - 1)) for r in rows]
+        forced = self.guide.forced([max(0, min(FORCED_MAX, r.req.max_tokens - r.generated - 1)) for r in rows]) \
+            if self.guide is not None and self.guide.active and self.drafter.speculates else [[] for _ in rows]
+        caps = [0 if x else c for x, c in zip(forced, caps)]
+        draft = self.drafter.propose([r.context for r in rows], caps, self.cfg.sampling, keys, plan) if max(caps) \
+            else empty(caps)
+        draft = with_forced(draft, forced) if any(forced) else draft
+        return (*self.peer.share_draft(draft, plan.source), forced, caps)  # rank 0's drafts on every rank
+
+    def _learn(self, contexts, plan: Plan, draft, forced, caps, chain, kept, at, seconds, conf) -> None:
+        """The drafter and the policy learn what a cycle committed (forced drafts tell a policy nothing)."""
+        if any(forced) and max(caps):  # a source drafted for the other rows: the forced rows drafted nothing of its
+            chain, kept = [0 if x else n for x, n in zip(forced, chain)], [0 if x else n for x, n in zip(forced, kept)]
+        self.drafter.commit(contexts, kept, self.target.hidden)
+        if max(caps) or not any(forced):
+            self.policy.update(chain, kept, seconds=seconds, source=plan.source if max(caps) else None,
+                               requested=[0 if x else n for x, n in zip(forced, draft.requested)],
+                               chances=draft.chances and [[] if x else c for x, c in zip(forced, draft.chances)],
+                               tree=draft.tree is not None)
+            if conf is not None:  # at the committed tokens only (after `update`, which learns at what it planned on)
+                self.policy.observe([[cs[j] for j in js] for cs, js in zip(conf.tolist(), at)])
+
     def _keep(self, rows: list[Row], draft, judged: verify.Judged, n_acc: list[int], tok: list[int],
               before: np.ndarray) -> tuple[list[list[int]], list[int], list[int], list]:
         """The target keeps each row's accepted drafts: the committed tokens, what a drafter and a policy learn from
@@ -301,9 +308,7 @@ class Engine:
                     [range(n + 1) for n in n_acc])
         paths = [draft.tree.path(b, v) for b, v in enumerate(judged.verdict.node.tolist())]
         self.target.keep_path(before, paths)
-        depth = draft.tree.depth
-        chain = [int(np.argmax(np.append(depth[b, 1:] != np.arange(1, draft.k + 1), True))) for b in range(len(rows))]
-        kept = [next((i for i, j in enumerate(p) if j != i + 1), len(p)) for p in paths]
+        chain, kept = [draft.tree.chain(b) for b in range(len(rows))], [draft.tree.followed(p) for p in paths]
         for r, n, p, c in zip(rows, draft.lengths, paths, kept):
             if n:
                 r.run.record_tree(n, len(p), c < len(p))
@@ -320,7 +325,7 @@ class Engine:
         """The source is the drafter's own unless the policy chooses among several; width 0 is a plain step."""
         plan = self.policy.plan([r.context for r in self.rows], [r.req.max_tokens - r.generated for r in self.rows]) \
             if self.drafter.speculates else PLAIN
-        return Plan(plan.source or self.drafter.name, plan.width, plan.stop) if plan.width else PLAIN
+        return replace(plan, source=plan.source or self.drafter.name) if plan.width else PLAIN
 
     def _ahead(self, f: Flight | None) -> Plan | None:
         """The plan of a plain step to launch while plain step `f` is in flight, or None: always without a drafter;

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import assemble, config, constrain, distributed, eagle, models, runlog
+from . import assemble, config, constrain, distributed, eagle, models, prefix, runlog
 from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
@@ -209,9 +209,9 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
+    kept = prefix.Store(cfg.prefill_cache_mb) if cfg.prefill_cache and not group.sharded else None
     engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
-        assemble.engine(cfg, target, draft, size, store, keep=opts.log)
-    kept = assemble.keep_prefills(cfg, engine, target, draft) if cfg.prefill_cache and not group.sharded else None
+        assemble.engine(cfg, target, draft, size, store, keep=opts.log, prefills=kept)
     if cfg.prefill_cache and group.sharded and group.root and not opts.quiet:  # (its ranks would have to agree)
         err(f"mtpcli: note: a sharded target (--distributed {group.mode}) does not keep prefills; the prompt is "
             "prefilled in full")

@@ -22,32 +22,23 @@ decoded without it, from start to exit no slower than plain decoding.
 
 from __future__ import annotations
 
+import functools
 import math
-import numbers
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 from .controller import Plan, WidthPolicy
-from .costs import BEND, Costs, CostFit
+from .costs import Costs, CostFit
+from .stop import EDGE, Stop, logit, shifted
 
 SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
 CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by this at every later token
 CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
 CONF_CAP = 1.5  # the most (in log-odds) a row's confidence moves the kept acceptance
-EDGE = 1e-4  # estimates are taken within [EDGE, 1 - EDGE]
 CATCH_TIMED = 16  # a catch-up of at least this many tokens times the source's prefill (`Costs.prefill`)
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, EDGE), 1 - EDGE)
-    return math.log(p / (1 - p))
-
-
-def shifted(p: float, shift: float) -> float:
-    """p with its log-odds moved by `shift`."""
-    return p if shift == 0.0 else 1.0 / (1.0 + math.exp(-(_logit(p) + shift)))
 
 
 def fit_shift(points: Sequence[tuple[float, float]], prior: float = 0.0, sd: float = SHIFT_SD) -> float:
@@ -67,11 +58,19 @@ def fit_shift(points: Sequence[tuple[float, float]], prior: float = 0.0, sd: flo
     return d
 
 
+@dataclass
+class Row:
+    """A row's evidence: per source, (log-odds of a drafted token's estimate, passed), for its `shift`; the target's
+    confidence in its recent tokens (a decayed sum, its weight), for its `offset`."""
+
+    points: dict[str, list]
+    conf: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+
 class AutoPolicy(WidthPolicy):
     """The policy of `draft = auto`: plan(contexts) -> Plan(source or None, width, stop)."""
 
     observes = True
-    members = ("points", "conf")
 
     def __init__(self, sources: Sequence[str], n_max: int, costs: Costs,
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
@@ -95,10 +94,8 @@ class AutoPolicy(WidthPolicy):
         self.costs, self.warm, self.fit = costs, warm, CostFit(costs, known=warm)
         self.reset()
 
-    def fresh(self, name: str):
-        """A row's `points` per source: (log-odds of a drafted token's estimate, passed), for its `shift`; `conf`:
-        the target's confidence in its recent tokens (a decayed sum, its weight), for its `offset`."""
-        return {s: [] for s in self.sources} if name == "points" else [0.0, 0.0]
+    def fresh(self) -> Row:
+        return Row({s: [] for s in self.sources})
 
     def reset(self, member: int | None = None) -> None:
         super().reset(member)
@@ -122,7 +119,7 @@ class AutoPolicy(WidthPolicy):
         """How far (log-odds) this row's tokens of `source` passed more often than estimated, around the kept shift."""
         got = self._shifts.get((source, member))
         if got is None:
-            got = self._shifts[(source, member)] = fit_shift(self.points[member][source],
+            got = self._shifts[(source, member)] = fit_shift(self.rows[member].points[source],
                                                              self.costs.shift.get(source, [0.0])[0])
         return got
 
@@ -133,9 +130,9 @@ class AutoPolicy(WidthPolicy):
         kept = self.costs.conf.get(source)
         if kept is None:
             return 0.0
-        total, weight = self.conf[member]
+        total, weight = self.rows[member].conf
         c = (total + CONF_PRIOR * kept[0]) / (weight + CONF_PRIOR)
-        return max(-CONF_CAP, min(CONF_CAP, _logit(c) - _logit(kept[0])))
+        return max(-CONF_CAP, min(CONF_CAP, logit(c) - logit(kept[0])))
 
     def expected(self, source: str, k: int, member: int = 0, estimates: Sequence[float] = ()) -> float:
         """Expected committed tokens of a cycle drafting k tokens of `source`."""
@@ -152,9 +149,9 @@ class AutoPolicy(WidthPolicy):
         out = {(None, 0): len(contexts) / self.costs.time(None, 0)}
         for s in self.sources:
             widest = self.widest.get(s, self.n_max)
-            avail = self.available(s, contexts, widest) or [widest] * len(contexts)  # a count, or its estimates
-            est = self.own[s] = [[] if isinstance(a, numbers.Integral) else list(a) for a in avail]
-            have = [int(a) if isinstance(a, numbers.Integral) else len(a) for a in avail]
+            avail = self.available(s, contexts, widest)  # its estimates, or None: its widest, at the kept acceptance
+            est = self.own[s] = [list(a) for a in avail] if avail is not None else [[] for _ in contexts]
+            have = [len(a) for a in est] if avail is not None else [widest] * len(contexts)
             for k in range(1, widest + 1):
                 caps = [min(k, a) for a in have]
                 if max(caps) < k:
@@ -181,7 +178,7 @@ class AutoPolicy(WidthPolicy):
             source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
         self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
         self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
-                         self.stop(source) if stops else None)
+                         self.stop(source) if stops else None, functools.partial(self.costs.time, source))
         return self.last
 
     def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:
@@ -216,16 +213,10 @@ class AutoPolicy(WidthPolicy):
         got.shift = self.costs.shift  # (the run's own points are its rows' already: not counted twice)
         self.costs, self._shifts = got, {}
 
-    def stop(self, source: str) -> tuple[float, float, list[float]]:
-        """(keep, go_on, shifts) for a draft of `source` (drafters.autoregress): keep a drawn token while the
-        chance that the whole draft passes is worth its verification at the run's best rate, draw another while
-        it is worth a draft step too; each row's chances shifted by its fit for the source."""
-        step, per = self.costs.step, self.costs.per_token
-        check = step * self.costs.verify * self.widest.get(source, self.n_max) ** (BEND - 1)  # a token's, on average
-        cost = per.get(source, step) + check  # over its widest draft (verify 0: in per_token, priced by lookup's)
-        verify = check if self.costs.verify else min(per.get("ngram", 0.1 * step), cost)
-        rate = max(self.rate, 1.0 / step)
-        return min(0.95, verify * rate), min(0.95, cost * rate), [self.shift(source, b) for b in range(self.batch)]
+    def stop(self, source: str) -> Stop:
+        """Where a draft of `source` stops (stop.Stop): at the run's best rate, each row shifted by its fit for it."""
+        return Stop.of(self.costs, source, self.widest.get(source, self.n_max), self.rate,
+                       [self.shift(source, b) for b in range(self.batch)])
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
@@ -239,14 +230,14 @@ class AutoPolicy(WidthPolicy):
             if source not in self.seen:
                 continue
             if chances is not None:
-                new = [(_logit(c), float(i < a)) for i, c in enumerate(chances[b][: min(n, a + 1)])]
-                self.points[b][source] = (self.points[b][source] + new)[-SHIFT_POINTS:]
+                new = [(logit(c), float(i < a)) for i, c in enumerate(chances[b][: min(n, a + 1)])]
+                self.rows[b].points[source] = (self.rows[b].points[source] + new)[-SHIFT_POINTS:]
                 self.seen_points[source] = (self.seen_points[source] + new)[-4096:]
                 self._shifts.pop((source, b), None)
             tested = min(n, a + 1) + (a == n < r)  # positions past the first rejection were not tested
             self.seen[source][0] += min(a, tested)
             self.seen[source][1] += tested
-            total, weight = self.conf[b]
+            total, weight = self.rows[b].conf
             if weight and tested:  # once per row and cycle (a deep draft is no more evidence of it)
                 self.seen_conf[source][0] += total / weight
                 self.seen_conf[source][1] += 1
@@ -265,7 +256,8 @@ class AutoPolicy(WidthPolicy):
     def observe(self, confidences: Sequence[Sequence[float]]) -> None:
         """The target's confidence (its largest probability, at temperature 1) at each token a row committed this
         cycle: a function of the committed tokens alone, so choosing by it keeps the exact law."""
-        for conf, cs in zip(self.conf, confidences):
+        for row, cs in zip(self.rows, confidences):
+            conf = row.conf
             for c in cs:
                 conf[0], conf[1] = conf[0] * CONF_DECAY + c, conf[1] * CONF_DECAY + 1.0
 
@@ -281,7 +273,7 @@ class AutoPolicy(WidthPolicy):
         return costs
 
     def estimate(self, member: int = 0) -> float | None:
-        s, k = self.last[0], self.scored
+        s, k = self.last.source, self.scored
         if s is None:
             return None
         est = self.own.get(s)

@@ -9,8 +9,20 @@ never repeat a deterministic token. A chain is the tree whose parents are 0, 1, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The trees a source drafts, set when it is made: at most `nodes` nodes, at most `children` children per node;
+    tree = auto: `cost`, a cycle drafting a chain of k and verifying n nodes costs cost(k, n) seconds (under draft =
+    auto, the plan's table: Plan.cost), and a tree is drafted where it pays (`pays`); None: always."""
+
+    nodes: int
+    children: int = 1
+    cost: Callable[[int, int], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,20 @@ class Shape:
             out.append(node)
             node = int(self.parents[b, node - 1])
         return out[::-1]
+
+    def chain(self, b: int) -> int:
+        """Row b's first-child chain: its nodes at positions 1..d."""
+        return chain(self.parents[b])
+
+    @staticmethod
+    def followed(path: list[int]) -> int:
+        """How far a path (positions from the root's child down) follows the first-child chain."""
+        return chain([j - 1 for j in path])  # (on the chain, position j's parent is j - 1)
+
+
+def chain(parents) -> int:
+    """How many nodes of a tree (their parents' positions, depth-first) are its first-child chain: parents 0, 1, ..."""
+    return next((i for i, par in enumerate(parents) if par != i), len(parents))
 
 
 def merge(candidates: list[list[int]], budget: int, width: int) -> tuple[list[int], list[int], list[tuple[int, int]]]:

@@ -7,16 +7,17 @@ before, never on the token it would draft next.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from ..cache import LM
+from ..constrain import Guide
 from ..controller import Plan
-from ..policy import shifted
 from ..sampling import SamplingParams, probs, sample
-from ..tree import Shape, merge, pays
+from ..stop import Rule, Stop
+from ..tree import Shape, Spec
 
 
 @dataclass
@@ -49,36 +50,17 @@ def drawing(keys: list, caps: list[int]) -> Callable[[mx.array, int], mx.array]:
                                         mx.argmax(q[b]).reshape(1) for b, c in enumerate(caps)]).astype(mx.int32)
 
 
-def passes(conf: float, greedy: bool) -> float:
-    """A drafted token's chance to pass, from the draft's confidence (its most likely token's probability), fitted
-    on text that is not the benchmark's (docs/perf/cpu/draft-confidence.txt, by bench/draft_confidence.py at
-    b092569): at T = 0 the argmaxes agree a little more often than the confidence says; at T > 0 a token passes
-    with probability sum min(p, q), near 0.5 even where the draft is unsure and near 1 where it is sure (a curve
-    that stopped at 0.95 there made sure tokens' passes a large log-odds shift, which then overstated every unsure
-    token of a row: docs/perf/auto.md)."""
-    return 0.1 + 0.9 * conf if greedy else 0.45 + 0.55 * conf * conf
-
-
 def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp: SamplingParams, keys: list,
-                p_min: float = 0.0, keep: float = 0.0, go_on: float = 0.0, shift: list[float] | None = None,
-                dists: bool = False, guide=None) -> Draft:
+                p_min: float = 0.0, stop: Stop | None = None, dists: bool = False, guide=None) -> Draft:
     """Draw up to caps[b] tokens per row, one per call of `step` (the previous draws (B,) -> next-token logits
     (B, V); None for the first), through the same sampling code as the target's p; row b draws with its own keys,
-    so it draws what it would draw alone. A row stops BEFORE it draws from a distribution whose most likely token
-    is below p_min. draft = auto weighs each step instead (Plan.stop): with `chance` per row the product of
-    `passes` over its positions so far, shifted in log-odds by the row's `shift`, averaged over the batch's rows
-    (a plain step would give each a token), the token just drawn is kept while that is at least `keep` (its
-    verification's cost), and another step is taken only while it is at least `go_on` (a step's cost). The rows
-    still drafting stop together (the batch's next step and its verify width are paid for all of them). All of it
-    depends on q, never on the token a row would draw, so the exact law holds. The draft's `chances`: unshifted.
+    so it draws what it would draw alone. Where each row stops: stop.Rule (p_min, or draft = auto's Plan.stop).
     Under a constraint (`guide`, constrain.Guide), each step's logits are masked by the matcher after the row's
     drafts so far: q is restricted along the draft's own path."""
     B, k = len(caps), max(caps)
     draw = None if sp.greedy else drawing(keys, caps)
-    lengths, tokens, qs = list(caps), [], []
-    chance = [1.0] * B
-    raw: list[list[float]] = [[] for _ in range(B)]
-    t = None
+    rule, tokens, qs = Rule(caps, sp.greedy, p_min, stop), [], []
+    lengths, t = rule.lengths, None
     along = guide.along(B) if guide is not None and guide.active else None
     for j in range(k):
         logits = step(t) if along is None else along(t, step(t))
@@ -91,16 +73,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
             conf = q = probs(logits, sp)
             t = draw(q, j)
             qs.append(q)
-        if p_min > 0.0 or keep > 0.0 or go_on > 0.0:
-            for b, c in enumerate(conf.max(axis=-1).tolist()):
-                raw[b].append(passes(c, sp.greedy))
-                chance[b] *= shifted(raw[b][-1], shift[b] if shift else 0.0)
-                if c < p_min and j < lengths[b]:
-                    lengths[b] = j
-            going = [b for b in range(B) if j < lengths[b]]
-            mean = sum(chance[b] for b in going) / B  # a plain step would give every row a token
-            for b in going:  # the batch drafts on together or stops
-                lengths[b] = j if mean < keep else j + 1 if mean < go_on else lengths[b]
+        if rule.weighs:
+            rule.weigh(j, conf.max(axis=-1).tolist())
             if max(lengths) <= j:
                 break
         tokens.append(t)
@@ -112,8 +86,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
-    chances = [r[:n] for r, n in zip(raw, lengths)] if raw[0] else None
-    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), chances)
+    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), rule.chances())
 
 
 def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
@@ -143,20 +116,20 @@ def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
     return Draft(tokens, q, lengths, requested, chances, tree)
 
 
-class Drafter:
-    """The protocol, with what a source declares about itself."""
+class Drafter(Protocol):
+    """What the engine and draft = auto ask of a source; a source that subclasses it declares only where it differs."""
 
-    name = "none"
-    speculates = True  # False only for plain decoding
-    needs_hidden = False  # asks the engine for the target's hidden states (its last layer's, after the norm)
+    name: str = "none"
+    speculates: bool = True  # False only for plain decoding
+    needs_hidden: bool = False  # asks the engine for the target's hidden states (its last layer's, after the norm)
     taps: tuple[int, ...] = ()  # ... or the outputs of these target layers, joined (an EAGLE-3 head's)
     max_rows: int | None = None  # caps the batch (None: any)
-    stops = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
-    defer = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
-    trees = False  # can draft a tree (tree.py): at most `nodes` nodes, at most `children` children per node
-    nodes, children = 0, 1  # (nodes 0: chains)
-    cost = None  # tree = auto: a pass of n tokens costs cost(n) seconds; a tree is drafted where it pays (tree.pays)
-    guide = None  # the rows' constraints (constrain.Guide), set by the engine: a sampled draft is proposed under them
+    stops: bool = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
+    defer: bool = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
+    trees: Spec | None = None  # the trees it drafts (tree.Spec, given when it is made; None: chains)
+    guide: Guide | None = None  # the rows' constraints, set by the engine: a sampled draft is proposed under them
+    cached: int = 0  # prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them
+    prefilled: int = 0  # ... and those it prefilled (0: none, or a deferred draft model's, counted when it joins)
 
     def add_rows(self, n: int) -> None:
         """The batch grows by n rows."""
@@ -172,8 +145,9 @@ class Drafter:
         model's deferred prompt, or what it missed while others drafted); None: it prefills nothing."""
         return None
 
-    def available(self, contexts: list, k: int) -> list | None:
-        """What a deterministic source has for each row before drafting (each token's estimated chance to pass, or a count); None: unknown."""
+    def available(self, contexts: list, k: int) -> list[list[float]] | None:
+        """A deterministic source's draft of each row at width k, before drafting: each token's estimated chance to
+        pass; None: no estimates (the source's kept acceptance stands for them)."""
         return None
 
     def propose(self, contexts, caps, sp, keys, plan: Plan | None = None) -> Draft:
@@ -182,78 +156,6 @@ class Drafter:
 
     def commit(self, contexts, n_accepted, hidden=None) -> None:
         """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
-
-    @property
-    def cached(self) -> int:
-        """Prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them."""
-        return 0
-
-    @property
-    def prefilled(self) -> int:
-        """Prompt tokens the last `start` prefilled (0: none, or a deferred draft model's, counted when it joins)."""
-        return 0
-
-
-class Lookup(Drafter):
-    """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `looks(row,
-    context, k, count)` is up to `count` drafts of up to k tokens (a tree's; the chain's first) with their estimates."""
-
-    def add_rows(self, n: int) -> None:
-        self.rows += [self.new_row([]) for _ in range(n)]
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.rows = [self.rows[r] for r in rows]
-
-    def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
-        self.rows[row] = self.new_row(prompt)
-
-    def available(self, contexts, k: int) -> list[list[float]]:
-        """Each row's draft at width k as its tokens' estimates (what `auto` weighs, calibrated by how the row's
-        drafts fared: policy.AutoPolicy.shift); empty where there is none."""
-        return [self.look(b, c, k)[1] for b, c in enumerate(contexts)]
-
-    trees = True
-
-    def look(self, row: int, context: list[int], k: int) -> tuple[list[int], list[float]]:
-        """A row's draft of up to k tokens and each token's estimate given the ones before."""
-        return (self.looks(row, context, k, 1) or [([], [])])[0]
-
-    def propose(self, contexts, caps, sp, keys, plan=None) -> Draft:
-        """The rows' drafts padded to the longest; each row as long as its own."""
-        tree = self.tree(contexts, caps) if self.nodes else None
-        if tree is not None:
-            return tree
-        return self.chain([self.look(b, c, k) if k > 0 else ([], []) for b, (c, k) in enumerate(zip(contexts, caps))])
-
-    @staticmethod
-    def chain(found: list[tuple[list[int], list[float]]]) -> Draft:
-        """Each row's draft (tokens, estimates) as one chain draft."""
-        k = max(len(f) for f, _ in found)
-        tokens = mx.array([f + [0] * (k - len(f)) for f, _ in found], dtype=mx.int32).reshape(len(found), k)
-        lengths = [len(f) for f, _ in found]
-        return Draft(tokens, None, lengths, lengths, [c for _, c in found])
-
-    def tree(self, contexts, caps) -> Draft | None:
-        """Each row's candidates merged into a tree of at most `nodes` nodes, as deep as its cap; None (a chain)
-        under tree = auto where the tree does not pay."""
-        rows, chances, firsts = [], [], []
-        for b, (c, k) in enumerate(zip(contexts, caps)):
-            cands = self.looks(b, c, min(k, self.nodes), 2 * self.children) if k > 0 else []
-            firsts.append(cands[0] if cands else ([], []))
-            tokens, parents, origins = merge([d for d, _ in cands], self.nodes, self.children)
-            chain = next((i for i, par in enumerate(parents) if par != i), len(parents))
-            rows.append((tokens, parents, cands[0][1][:chain] if cands else []))
-            chances.append((parents, [cands[o][1][i] for o, i in origins]))
-        n = max(len(t) for t, _, _ in rows)
-        if n == 0:
-            return self.chain(firsts)  # (nothing found: nothing asked, as a chain's lookup)
-        if self.cost is not None and (all(len(t) == len(c) for t, _, c in rows)  # (every row's tree: its chain)
-                                      or not pays(chances, [len(c) for _, _, c in rows], self.cost)):
-            # the chain: a row's first candidate is its chain draft, where the tree was cut no shorter than it
-            return self.chain(firsts) if all(k <= self.nodes for k in caps) else None
-        tokens = mx.array([t + [0] * (n - len(t)) for t, _, _ in rows], dtype=mx.int32)
-        parents = np.array([p + [-1] * (n - len(p)) for _, p, _ in rows])
-        return Draft(tokens, None, [len(t) for t, _, _ in rows], list(caps), [c for _, _, c in rows], Shape.of(parents))
 
 
 class HeadDrafter(Drafter):

@@ -13,19 +13,17 @@ import numpy as np
 
 from ..cache import in_chunks
 from ..sampling import SamplingParams
-from . import Draft, HeadDrafter, empty
-from .model import ModelDrafter, chain_or_tree
+from ..tree import Spec
+from . import Draft, HeadDrafter, empty, trees
 
 
 class EagleDrafter(HeadDrafter):
     name = "eagle3"
     stops = True
-    trees = True
-    tree = ModelDrafter.tree  # the chain, and siblings at its least sure positions
 
-    def __init__(self, head, p_min: float = 0.0, prefill_step: int = 512):
+    def __init__(self, head, p_min: float = 0.0, prefill_step: int = 512, trees: Spec | None = None):
         super().__init__(head, "draft head", prefill_step)
-        self.p_min = p_min
+        self.p_min, self.trees = p_min, trees
         self._committed: np.ndarray | None = None  # after a proposal: each row's committed entries
 
     def add_rows(self, n: int) -> None:
@@ -53,7 +51,7 @@ class EagleDrafter(HeadDrafter):
                 return self._feed(hidden, True, tokens, valid)
             return self._feed(self.io.out[:, -1:], False, t[:, None], None)
 
-        return chain_or_tree(self, step, caps, sp, keys, plan)
+        return trees.sampled(self, step, caps, sp, keys, plan)
 
     def _feed(self, hidden, fuse: bool, tokens, valid) -> mx.array:
         self.io.hidden, self.io.fuse = hidden, fuse

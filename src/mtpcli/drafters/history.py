@@ -18,7 +18,8 @@ from collections import Counter
 
 import numpy as np
 
-from . import Lookup
+from ..tree import Spec
+from .lookup import Lookup
 
 END, OUT, PAD = -1, -2, -3  # a document's end; where its output begins; before the start of a context
 LONG = 6  # the longer key: candidates that share the context's last 6 tokens, before those that share 2
@@ -178,9 +179,9 @@ def continuation(corpora: list[tuple[np.ndarray, np.ndarray]], query: np.ndarray
 class HistoryDrafter(Lookup):
     name = "history"
 
-    def __init__(self, store, vocab: int | None = None):
+    def __init__(self, store, vocab: int | None = None, trees: Spec | None = None):
         """`vocab`: the target's output size; a stored id past it (from a shorter output layer) ends a draft."""
-        self.store, self.vocab = store, vocab
+        self.store, self.vocab, self.trees = store, vocab, trees
         t0 = time.perf_counter()
         docs = store.load().docs
         self.base = Corpus(docs) if docs else None

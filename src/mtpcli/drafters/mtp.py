@@ -58,7 +58,7 @@ class MtpDrafter(Drafter):
             h, logits = self._run(hidden, tokens) if t is None else self._run(h[:, -1:], t)
             return logits[:, -1]
 
-        return autoregress(step, caps, sp, keys, self.p_min, *(plan and plan.stop or ()), guide=self.guide)
+        return autoregress(step, caps, sp, keys, self.p_min, stop=plan and plan.stop, guide=self.guide)
 
     def commit(self, contexts, n_accepted, hidden: mx.array | None = None) -> None:
         """Cut the speculative entries; the new pairs: positions 0..n_accepted, the last n_accepted + 1 tokens."""

@@ -13,7 +13,8 @@ code by ~14%): better an n-gram draft skipped than one verified for nothing."""
 
 from __future__ import annotations
 
-from . import Lookup
+from ..tree import Spec
+from .lookup import Lookup
 
 MAX_MATCH = 32  # longest true match measured
 # bench/ngram_calibrate.py at b092569 (stdlib and /usr/share/doc, not the benchmark): 8 fits best; 10 leans under
@@ -57,8 +58,8 @@ class Index:
 class NgramDrafter(Lookup):
     name = "ngram"
 
-    def __init__(self, shortest: int = 2, longest: int = 4):  # (n-gram lengths: settings ngram_min, ngram_max)
-        self.shortest, self.longest = shortest, longest
+    def __init__(self, shortest: int = 2, longest: int = 4, trees: Spec | None = None):  # (n-gram lengths: settings ngram_min, ngram_max)
+        self.shortest, self.longest, self.trees = shortest, longest, trees
         self.rows: list[Index] = []
 
     def new_row(self, prompt: list[int]) -> Index:
