@@ -56,11 +56,14 @@ def test_a_lazily_loaded_draft_model_that_joins_is_read_then_and_decodes_as_plai
 
 
 def test_a_draft_of_the_same_tokenizer_files_shares_the_targets_tokenizer(tiny_paths, tmp_path):
-    """The same files: the target's tokenizer, not read again; another tokenizer config: its own, still checked."""
+    """The same files, or another chat template (a draft's is never used): the target's tokenizer, not read again;
+    another tokenizer setting: its own, read and checked."""
     target = models.load(str(tiny_paths["target"]))
     assert models.load_draft(str(tiny_paths["draft"]), target).tokenizer is target.tokenizer
     other = noisy_copy(tiny_paths["target"], tmp_path / "other")
     config = tmp_path / "other" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "chat_template": "{{ messages }}"}))
+    assert models.load_draft(str(other), target).tokenizer is target.tokenizer
     config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 77}))
     draft = models.load_draft(str(other), target)
     assert draft.tokenizer is not target.tokenizer and draft.tokenizer.model_max_length == 77

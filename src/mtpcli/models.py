@@ -180,7 +180,7 @@ def load_draft(name: str, target: Loaded, lazy: bool = False) -> Loaded:
     folder = resolve(name)
     kind = eagle.kind(folder)
     if kind is None:
-        same = _contents(prefix.tokenizer_files(folder)) == _contents(prefix.tokenizer_files(target.path))
+        same = _vocabulary(folder) == _vocabulary(target.path)
         draft = load(name, "draft model", lazy, target.tokenizer if same else None)  # (a second read: seconds)
         check_pair(target, draft)
         return draft
@@ -188,8 +188,16 @@ def load_draft(name: str, target: Loaded, lazy: bool = False) -> Loaded:
     return Loaded(head, target.tokenizer, folder, name, read_config(folder), kind=kind)
 
 
-def _contents(paths: list[Path]) -> list[tuple[str, bytes]]:
-    return [(p.name, p.read_bytes()) for p in paths]
+def _vocabulary(folder: Path) -> dict:
+    """What a folder's tokenizer files say of its tokens: every file but its chat template (a draft's is never used),
+    tokenizer_config.json parsed, without one."""
+    files = {p.name: p.read_bytes() for p in prefix.tokenizer_files(folder) if not p.name.startswith("chat_template")}
+    try:
+        config = json.loads(files.pop("tokenizer_config.json", b"{}"))
+        config.pop("chat_template", None)
+    except (ValueError, AttributeError):  # (not a JSON object: read as the tokenizer loader reads it)
+        return {"unreadable": folder}
+    return {**files, "tokenizer_config.json": config}
 
 
 def one_row(loaded: Loaded) -> bool:
