@@ -130,6 +130,8 @@ def main() -> None:
                     f"{PREFIX_COMMIT}, comma-separated (default {PREFIX_FILE}: 1.6k Qwen2.5 tokens)")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--arms", help="the arms to run, by their index in ARMS, comma-separated (default: all; "
+                    f"{ARMS.index(next(a for a in ARMS if a[0] == REFERENCE))}, the reference, always)")
     ap.add_argument("--out", help="write the result here (JSON)")
     ap.add_argument("--smoke", action="store_true", help="tiny random models, 2 turns of 8 tokens: that it runs")
     args = ap.parse_args()
@@ -145,6 +147,8 @@ def main() -> None:
         if not args.model:
             ap.error("--model is needed (or --smoke)")
         args.model = str(Path(args.model).resolve())
+        if args.arms:
+            ARMS[:] = [a for i, a in enumerate(ARMS) if str(i) in args.arms.split(",") or a[0] == REFERENCE]
         if args.draft_model:
             args.draft_model = str(Path(args.draft_model).resolve())
         else:

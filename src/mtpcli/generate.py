@@ -204,7 +204,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     if cfg.draft_model and cfg.draft in config.DRAFTED and (group.root or not group.sharded):
         loading = time.perf_counter()
         with working(f"loading draft model {cfg.draft_model} ...", opts.quiet):
-            draft = models.load_draft(cfg.draft_model, target)
+            draft = models.load_draft(cfg.draft_model, target, lazy=cfg.draft == "auto")  # (auto defers it)
         load_s += time.perf_counter() - loading
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs

@@ -24,7 +24,7 @@ from huggingface_hub import snapshot_download  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS, MODEL_REMAPPING, load_config, load_model, load_tokenizer  # noqa: E402
 
-from . import dflash, eagle, fetch, gguf_convert, mtp  # noqa: E402
+from . import dflash, eagle, fetch, gguf_convert, mtp, prefix  # noqa: E402
 from .cache import layer_kind  # noqa: E402
 from .errors import ModelError  # noqa: E402
 
@@ -143,15 +143,16 @@ def kept(load):
 
 
 @kept
-def load(name: str, role: str = "model") -> Loaded:
+def load(name: str, role: str = "model", lazy: bool = False, tokenizer=None) -> Loaded:
     """Load with mlx-lm's public loaders; with MTP heads through the family's classes, whose sanitize drops them.
     The config, the tokenizer and the weights' names first: a broken folder fails, naming its file, before any weights
-    load."""
+    load. `lazy`: the weights are read from their files when first used (a deferred draft model: maybe never);
+    `tokenizer`: another folder's, of the same files (not read again)."""
     target = resolve(name)
     try:
         config = read_config(target)
         check_config(target, config)
-        tokenizer = read_tokenizer(target, config)
+        tokenizer = read_tokenizer(target, config) if tokenizer is None else tokenizer
         check_weights(target, config)
         spec = mtp.find(target, config)
 
@@ -160,7 +161,8 @@ def load(name: str, role: str = "model") -> Loaded:
             family = importlib.import_module(f"mlx_lm.models.{kind}")
             return mtp.strip_sanitize(family.Model, spec), family.ModelArgs
 
-        model, config = load_model(target) if spec is None else load_model(target, get_model_classes=classes)
+        model, config = load_model(target, lazy) if spec is None else \
+            load_model(target, lazy, get_model_classes=classes)
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"cannot load {role} '{name}': {msg}") from None
@@ -171,17 +173,31 @@ HEADS = {"eagle3": "EAGLE-3 draft head", "dflash": "DFlash block-diffusion draft
 
 
 @kept
-def load_draft(name: str, target: Loaded) -> Loaded:
+def load_draft(name: str, target: Loaded, lazy: bool = False) -> Loaded:
     """The draft of --draft-model: a model of the target's tokenizer (check_pair), or a trained head over the
-    target's hidden states, built beside it (refused when made for another target)."""
+    target's hidden states, built beside it (refused when made for another target). `lazy`: a draft model's weights
+    are read when it first drafts (draft = auto defers it, and may never bring it in)."""
     folder = resolve(name)
     kind = eagle.kind(folder)
     if kind is None:
-        draft = load(name, "draft model")
+        same = _vocabulary(folder) == _vocabulary(target.path)
+        draft = load(name, "draft model", lazy, target.tokenizer if same else None)  # (a second read: seconds)
         check_pair(target, draft)
         return draft
     head = (dflash.load if kind == "dflash" else eagle.load)(folder, target.model, output_size(target))
     return Loaded(head, target.tokenizer, folder, name, read_config(folder), kind=kind)
+
+
+def _vocabulary(folder: Path) -> dict:
+    """What a folder's tokenizer files say of its tokens: every file but its chat template (a draft's is never used),
+    tokenizer_config.json parsed, without one."""
+    files = {p.name: p.read_bytes() for p in prefix.tokenizer_files(folder) if not p.name.startswith("chat_template")}
+    try:
+        config = json.loads(files.pop("tokenizer_config.json", b"{}"))
+        config.pop("chat_template", None)
+    except (ValueError, AttributeError):  # (not a JSON object: read as the tokenizer loader reads it)
+        return {"unreadable": folder}
+    return {**files, "tokenizer_config.json": config}
 
 
 def one_row(loaded: Loaded) -> bool:
@@ -206,7 +222,7 @@ def mtp_head(loaded: Loaded):
 def check_pair(target: Loaded, draft: Loaded) -> None:
     """Refuse a draft whose tokenizer or vocabulary differs from the target's, before any decoding."""
     tv = target.tokenizer._tokenizer.get_vocab()
-    dv = draft.tokenizer._tokenizer.get_vocab()
+    dv = tv if draft.tokenizer is target.tokenizer else draft.tokenizer._tokenizer.get_vocab()
     where = f"--draft-model '{draft.name}' does not match --model '{target.name}'"
     if tv != dv:
         if len(tv) != len(dv):

@@ -45,6 +45,11 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def tokenizer_files(path: Path) -> list[Path]:
+    """The files of a model folder that make its tokenizer and chat template."""
+    return sorted({p for pattern in TOKENIZER_FILES for p in Path(path).glob(pattern) if p.is_file()})
+
+
 def model_key(path: Path, model, role: str, details: str) -> str:
     """What a kept state is valid for: the format, the role, the model (its resolved folder, each weights file's
     size and time, config.json, the weights' dtypes), its tokenizer and chat template (their files), `details` (the
@@ -52,7 +57,7 @@ def model_key(path: Path, model, role: str, details: str) -> str:
     path = Path(path).resolve()
     weights = [f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in sorted(path.glob("*.safetensors"))]
     tokenizer = hashlib.sha256()
-    for p in sorted({p for pattern in TOKENIZER_FILES for p in path.glob(pattern) if p.is_file()}):
+    for p in tokenizer_files(path):
         tokenizer.update(p.name.encode() + b"\0" + p.read_bytes())
     config = path / "config.json"
     dtypes = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters())})
