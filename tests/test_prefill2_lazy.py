@@ -50,8 +50,8 @@ def test_a_lazily_loaded_draft_model_that_joins_is_read_then_and_decodes_as_plai
     target = tiny[0]
     draft = models.load_draft(str(tiny_paths["draft"]), target, lazy=True)
     ids = list(target.tokenizer.encode(PROMPT))
-    eng = deferred_engine((target, draft), PAYS, max_tokens=120)
-    assert run(eng, ids) == plain(tiny, ids, 120)
+    eng = deferred_engine((target, draft), PAYS)
+    assert run(eng, ids, max_tokens=120) == plain(tiny, ids, 120)
     assert eng.stats.sources["model"].cycles > 3
 
 
