@@ -85,15 +85,27 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
 def keep_prefills(cfg: Config, eng: Engine, target: models.Loaded, draft: models.Loaded | None) -> prefix.Store:
     """The kept prefills (prefix.py) of the target's and each draft model's prefills: a shelf each, under the key of
     what makes its states valid (a head's states are the target's hidden states, kept with them)."""
-    store = prefix.Store(cfg.prefill_cache_mb)
-    named = eng.drafter.sources if isinstance(eng.drafter, AutoDrafter) else {eng.drafter.name: eng.drafter}
-    lms = [(eng.target, target, "target")] + [(d.lm, draft, "draft model") for d in named.values()
-                                              if isinstance(d, ModelDrafter)]
+    store = prefix.Store(cfg.prefill_cache_mb, disk=cfg.prefill_cache)
+    lms = [(eng.target, target, "target")] + [(d.lm, draft, "draft model") for d in _model_drafters(eng)]
     for lm, loaded, role in lms:
         hidden = f"taps {list(lm.taps)}" if lm.taps else "last" if lm.keep_hidden else "none"
         lm.shelf = store.shelf(prefix.model_key(loaded.path, loaded.model, role,
                                                 f"prefill_step {lm.prefill_step}, hidden states {hidden}"))
     return store
+
+
+def _model_drafters(eng: Engine) -> list[ModelDrafter]:
+    named = eng.drafter.sources if isinstance(eng.drafter, AutoDrafter) else {eng.drafter.name: eng.drafter}
+    return [d for d in named.values() if isinstance(d, ModelDrafter)]
+
+
+def warm(eng: Engine, tokens: list[int]) -> None:
+    """`mtpcli chat`, after an answer: the target's and each draft model's state kept in memory (prefix.MEMORY) moved
+    on to the last chunk boundary of `tokens` (the conversation so far); a draft model draft = auto defers and that
+    has kept nothing of this conversation is left to join when it pays."""
+    for lm in [eng.target] + [d.lm for d in _model_drafters(eng) if not d.defer or d.lm.shelf.memory[0]]:
+        if lm.shelf is not None and lm.shelf.memory is not None:
+            lm.warm(tokens)
 
 
 REBASE = 32  # a first run that keeps its table decides by its own measurements from this cycle on (AutoPolicy)

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import assemble, config, constrain, distributed, eagle, models, runlog
+from . import assemble, config, constrain, distributed, eagle, models, prefix, runlog
 from .distributed import sharded
 from .engine import Request
 from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError
@@ -210,7 +210,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
     engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
         assemble.engine(cfg, target, draft, size, store, keep=opts.log)
-    kept = assemble.keep_prefills(cfg, engine, target, draft) if cfg.prefill_cache and not group.sharded else None
+    kept = assemble.keep_prefills(cfg, engine, target, draft) if (cfg.prefill_cache or prefix.MEMORY is not None) \
+        and not group.sharded else None  # (chat keeps them in memory)
     if cfg.prefill_cache and group.sharded and group.root and not opts.quiet:  # (its ranks would have to agree)
         err(f"mtpcli: note: a sharded target (--distributed {group.mode}) does not keep prefills; the prompt is "
             "prefilled in full")
@@ -261,7 +262,7 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     if opts.conversation is not None and not items[0].error and not writer.closed:  # (an answer the user saw)
         opts.conversation.add(items[0].text, completions[0].text, logged)
     if opts.turn is not None:
-        opts.turn.update(record=record, status=status)
+        opts.turn.update(record=record, status=status, engine=engine)
     return status
 
 
