@@ -100,12 +100,12 @@ def _model_drafters(eng: Engine) -> list[ModelDrafter]:
 
 
 def warm(eng: Engine, tokens: list[int]) -> None:
-    """`mtpcli chat`, after an answer: the target's and each draft model's state kept in memory (prefix.MEMORY) moved
-    on to the last chunk boundary of `tokens` (the conversation so far); a draft model draft = auto defers and that
-    has kept nothing of this conversation is left to join when it pays."""
-    for lm in [eng.target] + [d.lm for d in _model_drafters(eng) if not d.defer or d.lm.shelf.memory[0]]:
-        if lm.shelf is not None and lm.shelf.memory is not None:
-            lm.warm(tokens)
+    """After a conversation's answer: the target's and each draft model's kept state moved on to the last chunk
+    boundary of `tokens` (the conversation so far; in memory under chat, else on disk at the end of the run), so that
+    the next turn prefills from there; a draft model that draft = auto deferred and that has kept nothing of this
+    conversation is left to join when it pays."""
+    for lm in [eng.target] + [d.lm for d in _model_drafters(eng) if not d.defer or d.lm.kept(tokens)]:
+        lm.warm(tokens)
 
 
 REBASE = 32  # a first run that keeps its table decides by its own measurements from this cycle on (AutoPolicy)

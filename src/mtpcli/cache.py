@@ -205,7 +205,7 @@ class LM:
 
     def warm(self, tokens: list[int]) -> None:
         """Prefill the whole chunks of `tokens` from the shelf's longest kept prefix, in caches of their own, keeping
-        the last boundary's state (`mtpcli chat`, between turns: the next turn resumes there, as a cold prefill)."""
+        the last boundary's state (after a conversation's answer: the next turn resumes there, as a cold prefill)."""
         n = len(tokens) // self.prefill_step * self.prefill_step
         if self.shelf is not None and "native" not in self.kinds and n > self.kept(tokens[:n]):
             self._prefill(tokens[:n], keep=False)

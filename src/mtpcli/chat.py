@@ -3,8 +3,8 @@ alike); a turn is `generate` on the whole conversation (generate.run, the models
 streamed to stdout. Ctrl-C ends the answer being written, not the session.
 
 Each model's prefill state stays in memory (prefix.MEMORY): after an answer, the conversation so far is prefilled to
-its last chunk boundary (`assemble.warm`, while the user types), so the next turn prefills from there: the tokens past
-that boundary (fewer than --prefill-step) and its new message. A state kept only at chunk boundaries is what a cold
+its last chunk boundary (generate.run, `assemble.warm`), so the next turn prefills from there: the tokens past that
+boundary (fewer than --prefill-step) and its new message. A state kept only at chunk boundaries is what a cold
 prefill of the whole transcript computes, bit for bit (prefix.py), so the answers are a cold run's."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def err(msg: str) -> None:
 
 def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bool) -> int:
     """Read turns and commands until /quit or the end of stdin; the exit status: 0, or the last failed turn's."""
-    from . import assemble, generate
+    from . import generate
     from .distributed.group import launched
     from .stats import render
 
@@ -93,18 +93,5 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
             err(f"mtpcli: error: {e}")
             status = e.exit_code
         worst = status if status not in (0, EXIT_INTERRUPTED) else worst
-        if (engine := turn.pop("engine", None)) is not None and conv.turns:
-            try:
-                assemble.warm(engine, settled(target.tokenizer, cfg, conv))
-            except KeyboardInterrupt:  # (the kept state is the last whole one)
-                err("mtpcli: interrupted")
-            del engine  # (its caches)
     return worst
 
-
-def settled(tokenizer, cfg, conv: Conversation) -> list[int]:
-    """The conversation's tokens up to the next user message's text (the same whatever that says)."""
-    from .generate import encode_prompt
-
-    a, b = (encode_prompt(tokenizer, x, cfg.chat, cfg.system, conv.messages()) for x in ("a", "b"))
-    return a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))]

@@ -343,6 +343,8 @@ class Shelf:
             self.memory[:] = [list(tokens), arrays]
             return
         redundant = [self._found] if trims and self._found not in (None, self._path(tokens)) else []
+        if trims:  # (a state pending for a prefix of these tokens is the first part of this one)
+            self.store.pending = [p for p in self.store.pending if p[1] != self.key or tokens[: len(p[2])] != p[2]]
         self.store.pending.append((self._path(tokens), self.key, list(tokens), arrays, redundant))
         if sum(size(a) for *_, a, _ in self.store.pending) > PENDING_MAX:
             self.store.flush()
