@@ -96,6 +96,20 @@ def shelf(cfg: Config, prefills: prefix.Store | None, loaded: models.Loaded, rol
                                                         f"prefill_step {cfg.prefill_step}, hidden states {hidden}"))
 
 
+def _model_drafters(eng: Engine) -> list[ModelDrafter]:
+    named = eng.drafter.sources if isinstance(eng.drafter, AutoDrafter) else {eng.drafter.name: eng.drafter}
+    return [d for d in named.values() if isinstance(d, ModelDrafter)]
+
+
+def warm(eng: Engine, tokens: list[int]) -> None:
+    """After a conversation's answer: the target's and each draft model's kept state moved on to the last chunk
+    boundary of `tokens` (the conversation so far; in memory under chat, else on disk at the end of the run), so that
+    the next turn prefills from there; a draft model that draft = auto deferred and that has kept nothing of this
+    conversation is left to join when it pays."""
+    for lm in [eng.target] + [d.lm for d in _model_drafters(eng) if not d.defer or d.lm.kept(tokens)]:
+        lm.warm(tokens)
+
+
 REBASE = 32  # a first run that keeps its table decides by its own measurements from this cycle on (AutoPolicy)
 AUTO_TREE = 16  # tree = auto: the most nodes a tree may have
 

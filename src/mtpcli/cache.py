@@ -222,6 +222,13 @@ class LM:
         found = self.shelf.candidates(tokens, self.prefill_step, self.trims)
         return found[0][0] if found else 0
 
+    def warm(self, tokens: list[int]) -> None:
+        """Prefill the whole chunks of `tokens` from the shelf's longest kept prefix, in caches of their own, keeping
+        the last boundary's state (after a conversation's answer: the next turn resumes there, as a cold prefill)."""
+        n = len(tokens) // self.prefill_step * self.prefill_step
+        if self.shelf is not None and "native" not in self.kinds and n > self.kept(tokens[:n]):
+            self._prefill(tokens[:n], keep=False)
+
     def _restore(self, tokens: list[int], layout: Layout, caches: list, hidden: list) -> int:
         """Put the longest kept state of a prefix of `tokens` into fresh one-row caches as a cold prefill leaves it
         (the keys' slots padded as RowKV grows them); returns its length (0: none)."""

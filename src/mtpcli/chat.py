@@ -1,12 +1,17 @@
 """`mtpcli chat`: a conversation with the models loaded once. Each line of stdin is a turn (a terminal or a pipe
 alike); a turn is `generate` on the whole conversation (generate.run, the models kept in models.KEPT), its answer
-streamed to stdout. Ctrl-C ends the answer being written, not the session."""
+streamed to stdout. Ctrl-C ends the answer being written, not the session.
+
+Each model's prefill state stays in memory (prefix.MEMORY): after an answer, the conversation so far is prefilled to
+its last chunk boundary (generate.run, `assemble.warm`), so the next turn prefills from there: the tokens past that
+boundary (fewer than --prefill-step) and its new message. A state kept only at chunk boundaries is what a cold
+prefill of the whole transcript computes, bit for bit (prefix.py), so the answers are a cold run's."""
 
 from __future__ import annotations
 
 import sys
 
-from . import models, runlog
+from . import models, prefix, runlog
 from .conversation import Conversation
 from .errors import EXIT_INTERRUPTED, MtpError
 from .tables import status as working
@@ -33,7 +38,7 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
     tty = sys.stdin.isatty()
     fresh = lambda: Conversation(None, models.canonical(cfg.model), cfg.system, kept=False)  # noqa: E731
     conv, turn, worst, line_no = conv or fresh(), {}, 0, 0
-    models.KEPT = {}
+    models.KEPT, prefix.MEMORY = {}, {}
     with working(f"loading target model {cfg.model} ...", False):
         target = models.load(cfg.model, "target model")  # (now, not in the first turn; one that cannot load ends here)
     if not (generate.chat_on(target.tokenizer, cfg.chat) and target.tokenizer.has_chat_template):
@@ -61,6 +66,7 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
                 break
             if command == "/reset":
                 conv, turn = fresh(), {}
+                prefix.MEMORY.clear()
                 err("mtpcli: a new conversation")
             elif command == "/stats":
                 render(turn["record"], sys.stderr, sys.stderr.isatty(), title=f"mtpcli · {cfg.profile} · {cfg.law}") \
@@ -88,3 +94,4 @@ def loop(cfg, conv: Conversation | None, argv: tuple, log: bool, log_prompts: bo
             status = e.exit_code
         worst = status if status not in (0, EXIT_INTERRUPTED) else worst
     return worst
+

@@ -20,7 +20,7 @@ import typer  # noqa: E402
 from . import blas, config  # noqa: E402
 from .errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_PIPE, EXIT_RUNTIME, EXIT_TERMINATED, MtpError, UsageError  # noqa: E402
 from .config import SCHEMA  # noqa: E402
-from .options import Sections, settings  # noqa: E402
+from .options import Sections, plain_values, settings  # noqa: E402
 
 # click's plain help: rich's option table cuts long option names at 80 columns, click's never; -h is --help everywhere.
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
@@ -451,8 +451,10 @@ def main() -> None:
     _global["terminated"] = False
     try:
         try:
+            command = typer.main.get_command(app)
+            plain_values(command, CONTEXT["help_option_names"])  # (no pydantic)
             try:  # a reader that left, or a full disk, shows at a print (unbuffered, as PYTHONUNBUFFERED makes it)
-                code = app(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
+                code = command(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
                 code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
                 if sys.stdout is not None:  # (None: stdout closed before the start, and print writes nothing)
                     sys.stdout.flush()  # ... or here, not at the interpreter's exit

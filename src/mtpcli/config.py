@@ -5,7 +5,6 @@ source of a pinned width). The rest of the code reads attributes of the result."
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -244,6 +243,8 @@ def _key_line(path: Path, name: str) -> str:
 def check_value(name: str, value: Any, where: str) -> Any:
     """Validate one value against the schema; returns it (ints accepted for float keys)."""
     if name not in SCHEMA:
+        import difflib  # (only for a mistyped key)
+
         hint = difflib.get_close_matches(name, list(SCHEMA) + sorted(META_KEYS), n=1, cutoff=0.4)
         raise UsageError(f"{where}: unknown key '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""))
     spec = SCHEMA[name]

@@ -81,6 +81,12 @@ def encode_prompt(tokenizer, text: str, chat: bool | None, system: str | None,
     return list(tokenizer.encode(templated, add_special_tokens=False))
 
 
+def settled(tokenizer, cfg: config.Config, messages: list[dict[str, str]]) -> list[int]:
+    """The tokens of a conversation (its MESSAGES) up to the next user message's text (the same whatever that says)."""
+    a, b = (encode_prompt(tokenizer, x, cfg.chat, cfg.system, messages) for x in ("a", "b"))
+    return a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))]
+
+
 def requests_for(cfg: config.Config, items: list[Item], opts: Options, tokenizer, limit: int | None,
                  grammar: str | None = None):
     """Encode every usable prompt; (completions, requests, notes). -n N makes N requests of one prompt and seed;
@@ -209,7 +215,8 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     # the history drafts wherever a drafter runs (rank 0 of a sharded target; every rank of data mode), and only
     # rank 0, which sees every completion, keeps the outputs
     store = assemble.open_history(cfg, target, opts.log_prompts) if group.root or not group.sharded else None
-    kept = prefix.Store(cfg.prefill_cache_mb) if cfg.prefill_cache and not group.sharded else None
+    kept = prefix.Store(cfg.prefill_cache_mb, disk=cfg.prefill_cache) \
+        if (cfg.prefill_cache or prefix.MEMORY is not None) and not group.sharded else None  # (chat: in memory)
     engine = sharded.engine(group, cfg, target, draft, size, store, opts.log) if group.sharded else \
         assemble.engine(cfg, target, draft, size, store, keep=opts.log, prefills=kept)
     if cfg.prefill_cache and group.sharded and group.root and not opts.quiet:  # (its ranks would have to agree)
@@ -222,6 +229,12 @@ def run(cfg: config.Config, items: list[Item], opts: Options) -> int:
     status = decode(group, engine, requests, writer, store)
     writer.close()
     total, record = summarize(cfg, group, engine, items, completions, opts, time.perf_counter() - t0, load_s)
+    if kept is not None and opts.conversation is not None and not items[0].error and not writer.closed:
+        try:  # the next turn starts where this answer ends: the conversation's states moved on to its last boundary
+            assemble.warm(engine, settled(target.tokenizer, cfg, opts.conversation.messages() + [
+                {"role": "user", "content": items[0].text}, {"role": "assistant", "content": completions[0].text}]))
+        except KeyboardInterrupt:  # (this turn is kept all the same)
+            status = EXIT_INTERRUPTED
     if kept is not None:  # (after the output)
         kept.flush()
     if store is not None and group.root:

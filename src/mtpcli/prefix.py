@@ -9,7 +9,8 @@ state at n: it serves any shorter boundary; a recurrent state serves its own bou
 after the run's output (a temporary file, then os.replace), checked before use (key, tokens, layout, a CRC of key,
 tokens and data; cache.LM checks shapes and dtypes against the model), and least recently used go first past the size cap.
 A file that fails a check is a miss (one warning; it is left in place); a full or read-only disk only loses the
-saving."""
+saving. `mtpcli chat` keeps each model's last kept state in memory too (MEMORY), and resumes the next turn from it.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # (numpy has 
 TOKENIZER_FILES = ("tokenizer*", "chat_template*", "special_tokens_map.json", "added_tokens.json", "vocab*",
                    "merges*", "*.tiktoken")
 PENDING_MAX = 256 << 20  # bytes of states held for the end of the run; past it they are written at once
+MEMORY: dict | None = None  # `mtpcli chat` sets a dict: per model key, [tokens, arrays] of its last kept state
 
 
 def folder() -> Path:
@@ -203,8 +205,8 @@ def clear() -> int:
 class Store:
     """This run's kept prefills: a `Shelf` per model, one size cap; what the run keeps is written at `flush`."""
 
-    def __init__(self, cap_mb: float, root: Path | None = None):
-        self.root, self.cap = root or folder(), int(cap_mb * (1 << 20))
+    def __init__(self, cap_mb: float, root: Path | None = None, disk: bool = True):
+        self.root, self.cap, self.disk = root or folder(), int(cap_mb * (1 << 20)), disk  # disk: files read, written
         self.pending: list[tuple[Path, str, list[int], dict, list[Path]]] = []
 
     def shelf(self, key: str) -> "Shelf":
@@ -256,13 +258,26 @@ class Store:
             total -= s
 
 
+def _serves(kept: list[int], tokens: list[int], step: int, trims: bool) -> int:
+    """How many of `tokens` a state kept for `kept` (at a boundary) serves: the longest shared boundary (`trims`), else
+    all of it where it is a prefix of `tokens`; 0: none."""
+    if len(kept) > len(tokens) and not trims:
+        return 0
+    m = min(len(kept), len(tokens))
+    diff = np.nonzero(np.asarray(kept[:m]) != np.asarray(tokens[:m]))[0]
+    same = int(diff[0]) if len(diff) else m
+    return same // step * step if trims else len(kept) * (same == len(kept))
+
+
 class Shelf:
     """One model's kept states (cache.LM asks it): the longest kept prefix of a prompt (`find`), and the state at a
-    prompt's last boundary (`keep`)."""
+    prompt's last boundary (`keep`). Under `mtpcli chat` the last kept state stays in memory (MEMORY), and a prefix it
+    serves is not looked up on disk: the next turn resumes from the conversation's last boundary."""
 
     def __init__(self, store: Store, key: str):
         self.store, self.key, self.id = store, key, _digest(key.encode())
         self._found: Path | None = None  # the file the last `find` used, where all it holds is the prompt's
+        self.memory = MEMORY.setdefault(key, [[], {}]) if MEMORY is not None else None
 
     def _path(self, tokens: list[int]) -> Path:
         return self.store.root / f"{self.id}-{_digest(np.asarray(tokens, '<i4').tobytes())}.safetensors"
@@ -273,9 +288,11 @@ class Shelf:
         else only one kept at exactly n), the longest first."""
         if len(tokens) < step:
             return []
-        found, mine = [], np.asarray(tokens)
+        if self.memory and (n := _serves(self.memory[0], tokens, step, trims)):
+            return [(n, False, time.time(), None)]  # (None: the state in memory)
+        found = []
         try:
-            paths = list(self.store.root.glob(f"{self.id}-*.safetensors"))
+            paths = list(self.store.root.glob(f"{self.id}-*.safetensors")) if self.store.disk else []
         except OSError:
             return []
         for path in paths:
@@ -285,13 +302,7 @@ class Shelf:
                     raise Bad("another model's state (its key differs)")
                 if not kept or len(kept) % step:
                     raise Bad("not at a prefill boundary")
-                if len(kept) > len(tokens) and not trims:
-                    continue
-                m = min(len(kept), len(tokens))
-                diff = np.nonzero(np.asarray(kept[:m]) != mine[:m])[0]
-                same = int(diff[0]) if len(diff) else m
-                n = same // step * step if trims else len(kept) * (same == len(kept))
-                if n:
+                if n := _serves(kept, tokens, step, trims):
                     found.append((n, n == len(kept), path.stat().st_mtime, path))
             except FileNotFoundError:  # removed by another run meanwhile
                 continue
@@ -304,6 +315,10 @@ class Shelf:
         fits(n, arrays) (the model's shapes and dtypes); None if there is none."""
         self._found = None
         for n, whole, _, path in self.candidates(tokens, step, trims):
+            if path is None:
+                if fits(n, self.memory[1]):
+                    return n, self.memory[1]
+                continue
             try:
                 meta, arrays = load(path)
                 if meta.get("key") != self.key or meta.get("tokens", "").split(",")[:n] != \
@@ -329,7 +344,12 @@ class Shelf:
         kept prefix of it that the last `find` used is redundant then (its state is the first part of this one)."""
         if any(a.dtype not in CODES for a in arrays.values()) or size(arrays) > self.store.cap:
             return
+        if self.memory is not None:  # (chat: the next turn's, in memory; not written)
+            self.memory[:] = [list(tokens), arrays]
+            return
         redundant = [self._found] if trims and self._found not in (None, self._path(tokens)) else []
+        if trims:  # (a state pending for a prefix of these tokens is the first part of this one)
+            self.store.pending = [p for p in self.store.pending if p[1] != self.key or tokens[: len(p[2])] != p[2]]
         self.store.pending.append((self._path(tokens), self.key, list(tokens), arrays, redundant))
         if sum(size(a) for *_, a, _ in self.store.pending) > PENDING_MAX:
             self.store.flush()
