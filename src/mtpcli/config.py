@@ -53,6 +53,9 @@ def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
     return field(default=default, metadata={"help": help, "check": check, "allowed": allowed, "flag": flag})
 
 
+PRIVATE = ("system",)  # settings whose text is the user's: in a record only with --log-prompts
+
+
 @dataclass(frozen=True)
 class Config:
     model: str = key("smollm2-135m", "Target model: local folder, alias, GGUF file or Hugging Face id (the local cache, "
@@ -131,9 +134,12 @@ class Config:
     def law(self) -> str:
         return "greedy" if self.temp == 0 else "typical" if self.typical_threshold > 0 else "exact"
 
-    def record(self) -> dict[str, Any]:
-        """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed."""
-        return {"profile": self.profile, "law": self.law, **{k: getattr(self, k) for k in SCHEMA}}
+    def record(self, texts: bool = False) -> dict[str, Any]:
+        """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed; the
+        system message's text only with `texts` (--log-prompts), else <redacted> (as the command line keeps it)."""
+        return {"profile": self.profile, "law": self.law,
+                **{k: "<redacted>" if k in PRIVATE and getattr(self, k) is not None and not texts else getattr(self, k)
+                   for k in SCHEMA}}
 
 
 @dataclass(frozen=True)

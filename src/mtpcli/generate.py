@@ -345,7 +345,7 @@ def summarize(cfg, group, engine, items, completions, opts: Options, wall: float
     """The run's totals and the record kept of it (run log, --stats-json); `load_s`: loading the models."""
     total = RunStats.total([c.stats for c in completions if c.stats])
     total.load_s = load_s
-    record: dict[str, Any] = {**total.to_dict(), "settings": cfg.record()}
+    record: dict[str, Any] = {**total.to_dict(), "settings": cfg.record(opts.log_prompts)}
     if (dist := group.record(engine.cycles)) is not None:
         record["distributed"] = dist
     if not opts.single or opts.n > 1:

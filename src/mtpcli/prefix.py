@@ -34,7 +34,7 @@ FORMAT = 1
 CODES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}  # what a model's states are kept as
 NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # (numpy has no bfloat16: its bits)
 TOKENIZER_FILES = ("tokenizer*", "chat_template*", "special_tokens_map.json", "added_tokens.json", "vocab*",
-                   "merges*", "*.tiktoken")
+                   "merges*", "*.tiktoken", "tiktoken*", "*.model", "tokenization*.py")  # (models.TOKENIZER_FILES too)
 PENDING_MAX = 256 << 20  # bytes of states held for the end of the run; past it they are written at once
 MEMORY: dict | None = None  # `mtpcli chat` sets a dict: per model key, [tokens, arrays] of its last kept state
 
