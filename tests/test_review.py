@@ -31,3 +31,20 @@ def test_a_draft_whose_tiktoken_vocabulary_differs_does_not_share_the_targets_to
     assert models._vocabulary(a) != models._vocabulary(b)
     c = _tiktoken_folder(tmp_path / "c", "aGVsbG8= 0\n")
     assert models._vocabulary(a) == models._vocabulary(c)
+
+
+def test_a_state_this_run_keeps_serves_its_later_prefills_before_it_is_written(tmp_path):
+    """generate -c: after the answer, assemble.warm prefills the conversation to its last boundary from the shelf;
+    the prompt's state this run kept is still pending (written at flush), and a shelf that looks only at files
+    prefilled the whole prompt again (from the previous turn's file, or from 0)."""
+    import mlx.core as mx
+
+    store = prefix.Store(64, tmp_path)
+    shelf = store.shelf("k")
+    tokens = list(range(256))
+    state = {"0.keys": mx.arange(256 * 4, dtype=mx.float32).reshape(1, 1, 256, 4)}
+    shelf.keep(tokens, state, True)
+    assert [c[0] for c in shelf.candidates(tokens + [7] * 200, 128, True)] == [256]
+    n, arrays = shelf.find(tokens + [7] * 200, 128, True, lambda n, a: True)
+    assert n == 256 and arrays is state
+    assert shelf.candidates([5] + tokens, 128, True) == []  # (another prefix: nothing)

@@ -290,11 +290,12 @@ class Shelf:
             return []
         if self.memory and (n := _serves(self.memory[0], tokens, step, trims)):
             return [(n, False, time.time(), None)]  # (None: the state in memory)
-        found = []
+        found = [(n, False, time.time(), arrays) for _, key, kept, arrays, _ in self.store.pending  # (this run's,
+                 if key == self.key and (n := _serves(kept, tokens, step, trims))]  # not written yet: in memory)
         try:
             paths = list(self.store.root.glob(f"{self.id}-*.safetensors")) if self.store.disk else []
         except OSError:
-            return []
+            paths = []
         for path in paths:
             try:
                 meta, kept = read_header(path)
@@ -308,16 +309,17 @@ class Shelf:
                 continue
             except (Bad, OSError) as e:
                 warn(f"prefill cache: {path}: {e}; not used (left in place)")
-        return sorted(found, reverse=True)
+        return sorted(found, key=lambda f: f[:3], reverse=True)
 
     def find(self, tokens: list[int], step: int, trims: bool, fits) -> tuple[int, dict[str, mx.array]] | None:
         """(n, the kept arrays) for the longest usable kept prefix of `tokens` (`candidates`) whose arrays pass
         fits(n, arrays) (the model's shapes and dtypes); None if there is none."""
         self._found = None
         for n, whole, _, path in self.candidates(tokens, step, trims):
-            if path is None:
-                if fits(n, self.memory[1]):
-                    return n, self.memory[1]
+            if not isinstance(path, Path):  # (in memory: chat's, or this run's pending)
+                arrays = self.memory[1] if path is None else path
+                if fits(n, arrays):
+                    return n, arrays
                 continue
             try:
                 meta, arrays = load(path)
