@@ -30,6 +30,7 @@ class ModelDrafter(Drafter):
         self._fed = 0
         self._kept: dict[int, int] = {}  # a deferred row's prompt tokens the kept prefills hold (for its price)
         self._prefilled = 0
+        self._read = False  # (a deferred model's weights, evaluated before its first catch-up)
 
     @property
     def cached(self) -> int:
@@ -60,6 +61,9 @@ class ModelDrafter(Drafter):
 
     def propose(self, contexts, caps, sp: SamplingParams, keys, plan=None) -> Draft:
         B = len(contexts)
+        if self.defer and not self._read and any(self.lm.pos[b] == 0 and len(c) > 1 for b, c in enumerate(contexts)):
+            mx.eval(self.lm.model.parameters())  # a lazily loaded model's weights, read once and not timed as its
+            self._read = True  # catch-up: auto's kept prefill cost is per token (docs/perf/prefill.md)
         t0, caught, kept = time.perf_counter(), [0] * B, [0] * B
         for b, c in enumerate(contexts):  # a deferred row's first draft: its prefill, as at an eager start
             if self.defer and self.lm.pos[b] == 0 and len(c) > 1:
