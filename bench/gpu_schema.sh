@@ -13,7 +13,7 @@ for pass in 1 2; do
     case $arm in spec) a="--prompts-jsonl $S/schema.jsonl";; plain) a="--prompts-jsonl $S/schema.jsonl --draft none";;
       free) a="--prompts-jsonl $S/plain.jsonl";; esac
     t0=$(date +%s%N)
-    python3 -m mtpcli generate -m $M $a --max-tokens 160 --batch-size 1 --format jsonl --no-log \
+    python3 -m mtpcli generate -m $M $a --max-tokens ${MAXTOK:-400} --batch-size 1 --format jsonl --no-log \
       --stats-json "$OUT/$arm.$pass.stats.json" > "$OUT/$arm.$pass.out" 2> "$OUT/$arm.$pass.err"
     rc=$?; echo "pass $pass $arm rc=$rc wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
   done
