@@ -28,14 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from mtpcli.blas import candidates  # noqa: E402  (no MLX here)
 
-PREFIX_FILE, PREFIX_COMMIT = "src/mtpcli/writers.py", "85e8e22"
-QUESTIONS = [
-    "What does Writer do once stdout has been closed by the reader? Answer in one sentence.",
-    "How does write_file keep a result file whole if the run is interrupted? Answer in one sentence.",
-    "In which order are completions written in the text format when several prompts are decoded together? "
-    "Answer in one sentence.",
-    "What does check_writable refuse, and why is it called before the work? Answer in one sentence.",
-]
+from agent_loop import PREFIX_COMMIT, PREFIX_FILE, QUESTIONS as ALL  # noqa: E402  (the same prefix and questions)
+
+QUESTIONS = ALL[:4]
 
 
 def env_for(home: Path, extra: dict | None = None) -> dict:
