@@ -50,7 +50,7 @@ def run(cmd: list[str], env: dict, stdin: str = "") -> tuple[float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--draft-model", required=True)
+    ap.add_argument("--draft-model", help="the draft model's folder (without it, the default drafts without one)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -58,8 +58,8 @@ def main() -> None:
                           capture_output=True, text=True).stdout
     joined = " \\n ".join(text.splitlines())
     prompts = [f"Here is {PREFIX_FILE}, its lines joined by ' \\n ': {joined}  {QUESTIONS[0]}", *QUESTIONS[1:]]
-    flags = ["--model", args.model, "--draft-model", args.draft_model, "--max-tokens", str(args.max_tokens),
-             "--temp", "0"]
+    flags = ["--model", args.model, *(["--draft-model", args.draft_model] if args.draft_model else []),
+             "--max-tokens", str(args.max_tokens), "--temp", "0"]
     mtpcli = [sys.executable, "-m", "mtpcli"]
     turns = []
     with tempfile.TemporaryDirectory(prefix="chat-loop-") as tmp:
