@@ -6,7 +6,7 @@
 # `pip download --no-deps llguidance`; the lent machine has no package index).
 source bench/gpu_stage.sh gpu_schema
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpux/llguidance-*.whl
-M=/tmp/m/smol4; S=bench/schema
+M=${M:-/tmp/m/smol4}; S=bench/schema  # M=/tmp/m/qc15: Qwen2.5-Coder-1.5B-Instruct 4-bit
 echo '{"a": 1}' | python3 -m mtpcli generate -m $M --json --max-tokens 16 --no-log -q >/dev/null  # kernels compile
 for pass in 1 2; do
   for arm in spec plain free; do
