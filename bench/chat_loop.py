@@ -54,8 +54,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--out")
     args = ap.parse_args()
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{PREFIX_COMMIT}:{PREFIX_FILE}"], check=True,
-                          capture_output=True, text=True).stdout
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{PREFIX_COMMIT}:{PREFIX_FILE}"], check=True,
+                              capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):  # a copy without .git (the lent GPU): today's file
+        text = (ROOT / PREFIX_FILE).read_text()
     joined = " \\n ".join(text.splitlines())
     prompts = [f"Here is {PREFIX_FILE}, its lines joined by ' \\n ': {joined}  {QUESTIONS[0]}", *QUESTIONS[1:]]
     flags = ["--model", args.model, *(["--draft-model", args.draft_model] if args.draft_model else []),
