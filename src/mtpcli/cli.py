@@ -445,6 +445,22 @@ def _sigterm(_signum, _frame) -> None:
     raise KeyboardInterrupt(EXIT_TERMINATED)
 
 
+def _mark_failures(stdout) -> None:
+    """Mark an OSError raised by writing STDOUT (`.stdout`), to tell it from another's that names no file."""
+    raw = getattr(getattr(stdout, "buffer", None), "raw", getattr(stdout, "buffer", None))
+    if not hasattr(raw, "__dict__") or getattr(raw.write, "__name__", "") == "marked":  # (None: stdout closed)
+        return
+    write = raw.write
+
+    def marked(b):
+        try:
+            return write(b)
+        except OSError as e:
+            e.stdout = True
+            raise
+    raw.write = marked
+
+
 def main() -> None:
     blas.load(sys.argv[1:])  # before anything imports MLX
     signal.signal(signal.SIGTERM, _sigterm)
@@ -453,13 +469,14 @@ def main() -> None:
         try:
             command = typer.main.get_command(app)
             plain_values(command, CONTEXT["help_option_names"])  # (no pydantic)
+            _mark_failures(sys.stdout)
             try:  # a reader that left, or a full disk, shows at a print (unbuffered, as PYTHONUNBUFFERED makes it)
                 code = command(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
                 code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
                 if sys.stdout is not None:  # (None: stdout closed before the start, and print writes nothing)
                     sys.stdout.flush()  # ... or here, not at the interpreter's exit
             except OSError as e:
-                if isinstance(e, BrokenPipeError) or e.filename is not None:  # (a file's error names its file)
+                if isinstance(e, BrokenPipeError) or not getattr(e, "stdout", False):
                     raise
                 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (what is left in stdout's buffer goes nowhere at exit)
                 raise MtpError(f"stdout: {e.strerror or e}", EXIT_IO) from None
