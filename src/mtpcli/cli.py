@@ -132,8 +132,7 @@ def _checked_system(cfg: config.Config) -> config.Config:
     """CFG with its system message's surrogates replaced (with the warning naming where it came from)."""
     from . import prompts
 
-    where = "--system" if cfg.origins["system"] == "flag" else cfg.origins["system"]  # (or env MTPCLI_SYSTEM)
-    if (system := prompts.valid_text(cfg.system, where)) != cfg.system:
+    if (system := prompts.valid_text(cfg.system, cfg.where("system"))) != cfg.system:
         cfg = dataclasses.replace(cfg, system=system)
     return cfg
 

@@ -134,6 +134,11 @@ class Config:
     def law(self) -> str:
         return "greedy" if self.temp == 0 else "typical" if self.typical_threshold > 0 else "exact"
 
+    def where(self, key: str) -> str:
+        """Where the key's value came from, as a message names it: its flag, else its origin (env, a profile)."""
+        origin = self.origins.get(key, "default")
+        return SCHEMA[key].option if origin == "flag" else origin
+
     def record(self, texts: bool = False) -> dict[str, Any]:
         """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed; the
         system message's text only with `texts` (--log-prompts), else <redacted> (as the command line keeps it)."""
