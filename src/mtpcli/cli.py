@@ -405,23 +405,9 @@ def models_pull(names: List[str] = typer.Argument(..., help="Aliases to fetch an
 @models_app.command("inspect")
 def models_inspect(path: str):
     """What a checkpoint is and which draft sources it supports."""
-    from . import eagle, models
+    from . import models
 
-    folder = models.resolve(path, download=False)  # (an alias not fetched yet: said, not fetched to print 4 lines)
-    cfg = models.read_config(folder)
-    if head := eagle.kind(folder):
-        cfg = eagle.flat(cfg)
-        taps = ((cfg.get("eagle_config") or cfg.get("dflash_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-                or (cfg.get("dflash_config") or {}).get("target_layer_ids") or "the defaults")
-        print(f"kind: {models.HEADS[head]} (a draft for a target; --draft {head} --draft-model {path})")
-        print(f"hidden: {cfg.get('hidden_size')}  target layers read: {taps}  "
-              f"vocab: {cfg.get('draft_vocab_size', cfg.get('vocab_size'))} of {cfg.get('vocab_size')}")
-        return
-    models.check_config(folder, cfg)
-    print(f"model_type: {cfg.get('model_type')}")
-    print(f"layers: {cfg.get('num_hidden_layers')}  hidden: {cfg.get('hidden_size')}  vocab: {cfg.get('vocab_size')}")
-    print(f"context: {models.max_context(cfg)}")
-    print("draft sources: " + ", ".join(models.draft_sources(folder, cfg)))
+    print("\n".join(models.describe(path)))
 
 
 @app.command("convert")

@@ -53,11 +53,6 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's q/k row permutation (used by the tests to write GGUFs as llama.cpp does)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def read_config(reader) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
     if arch not in MODEL_TYPES:
