@@ -136,8 +136,7 @@ class Config:
 
     def where(self, key: str) -> str:
         """Where the key's value came from, as a message names it: its flag, else its origin (env, a profile)."""
-        origin = self.origins.get(key, "default")
-        return SCHEMA[key].option if origin == "flag" else origin
+        return _where(key, self.origins.get(key, "default"))
 
     def record(self, texts: bool = False) -> dict[str, Any]:
         """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed; the
@@ -164,6 +163,10 @@ class Key:
     @property
     def env(self) -> str:
         return "MTPCLI_" + self.name.upper()
+
+
+def _where(key: str, origin: str) -> str:
+    return SCHEMA[key].option if origin == "flag" else origin
 
 
 def _base(t) -> type:
@@ -330,8 +333,7 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
             v[name], origins[name] = spec.default, "default"
     for name in ("model", "draft_model"):  # (an empty name would be read as the working folder, or as no draft)
         if v[name] is not None and not v[name].strip():
-            where = SCHEMA[name].option if origins[name] == "flag" else origins[name]
-            raise UsageError(f"{where}: {name} is empty; give a local folder, an alias, a .gguf file or a Hugging "
+            raise UsageError(f"{_where(name, origins[name])}: {name} is empty; give a local folder, an alias, a .gguf file or a Hugging "
                              "Face id")
     if v["tree"] != "off" and v["typical_threshold"] > 0:
         raise UsageError("--spec-tree needs the exact law: it is not used with typical acceptance "
