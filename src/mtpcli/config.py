@@ -397,11 +397,3 @@ def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool
         widest = {n: AUTO_N_MAX for n in sources if n != "history"}
     return replace(cfg, sources=sources, widest=widest)
 
-
-def markdown_table() -> str:
-    """The README's table of profile keys, generated from the schema (a test keeps them in step)."""
-    lines = ["| key | flag | environment | type | default | allowed | meaning |", "|---|---|---|---|---|---|---|"]
-    for k in SCHEMA.values():
-        default = "" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else str(k.default)
-        lines.append(f"| `{k.name}` | `{k.option}` | `{k.env}` | {k.type.__name__} | {default} | {k.allowed} | {k.help} |")
-    return "\n".join(lines)
