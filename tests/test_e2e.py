@@ -187,6 +187,7 @@ def joined_at(eng) -> list[int]:
     return [r.source_trace.index("model") if "model" in r.source_trace else -1 for r in eng.runs.values()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", SPS, ids=str)
 def test_the_deferred_model_is_distributed_as_the_target_when_it_joins_at_once(tiny, sp):
     """Its first cycle catches up on the prompt and drafts the first position."""
@@ -196,6 +197,7 @@ def test_the_deferred_model_is_distributed_as_the_target_when_it_joins_at_once(t
     assert first and second
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", SPS, ids=str)
 def test_the_deferred_model_is_distributed_as_the_target_when_it_joins_later(tiny, sp):
     """n-gram lookup drafts a batch's first cycle on the repeated prompt (the model's catch-up is not worth it yet);
@@ -208,6 +210,7 @@ def test_the_deferred_model_is_distributed_as_the_target_when_it_joins_later(tin
     assert first and second
 
 
+@pytest.mark.slow
 def test_negative_control_a_join_that_peeks_at_the_token_fails(tiny):
     _, first, second = law_pairs(tiny, SamplingParams(temp=1.0), "the sea is ", drafter_cls=PeekingJoin)
     assert not (first and second)
@@ -242,6 +245,7 @@ def test_bench_ships_a_class_of_long_prompts_with_short_answers():
     assert len(turns) >= 2 and all(len(it.text) > 4000 for it in turns)
 
 
+@pytest.mark.slow
 def test_the_agent_loop_benchmark_runs_on_the_tiny_model(tmp_path):
     out = tmp_path / "loop.json"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_loop.py"), "--smoke", "--out", str(out)],

@@ -31,6 +31,7 @@ def gen(tiny_paths):
 
 # ---- item 4: internal errors on ordinary input ---------------------------------------------------
 
+@pytest.mark.slow
 def test_invalid_utf8_in_prompt_and_system_is_replaced_with_a_warning_naming_the_flag(tiny_paths, gen, tmp_path):
     bad = os.fsdecode(b"ab\xffc")  # as Python keeps argv bytes that are not UTF-8
     r = mtpcli(*gen, "-p", bad, cwd=tmp_path)
@@ -53,11 +54,13 @@ def test_a_lone_surrogate_in_a_jsonl_prompt_is_replaced_with_a_warning(tmp_path,
     assert f"{src}:1 is not valid UTF-8" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_prompt_file_dash_with_stdin_closed_is_one_line(gen, tmp_path):
     r = mtpcli(*gen, "--prompt-file", "-", cwd=tmp_path, input=None, preexec_fn=lambda: os.close(0))
     assert "--prompt-file -: stdin is closed" in _one_line(r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stdout", ["full", "closed"])
 def test_generate_to_a_full_or_closed_stdout_logs_the_run_and_says_so_in_one_line(gen, tmp_path, stdout):
     with open("/dev/full", "wb") as full:
@@ -69,6 +72,7 @@ def test_generate_to_a_full_or_closed_stdout_logs_the_run_and_says_so_in_one_lin
     assert [rec["status"] for rec in runlog.query()] == [r.returncode]
 
 
+@pytest.mark.slow
 def test_spec_tree_takes_ascii_digits_only(gen, tmp_path):
     assert "--spec-tree" in _one_line(mtpcli(*gen, "-p", "ab", "--spec-tree", "²", cwd=tmp_path))
     with pytest.raises(UsageError, match="MTPCLI_TREE"):
@@ -76,6 +80,7 @@ def test_spec_tree_takes_ascii_digits_only(gen, tmp_path):
     assert config.resolve(None, {}, env={"MTPCLI_TREE": "12"}).tree == "12"
 
 
+@pytest.mark.slow
 def test_json_nested_100000_deep_fails_its_row_and_stats_file_alone(tmp_path, gen):
     deep = "[" * 100_000 + "]" * 100_000
     src = tmp_path / "p.jsonl"
@@ -110,6 +115,7 @@ def test_profile_use_on_an_unwritable_config_folder_is_one_line_and_keeps_the_de
         [config.config_file()]
 
 
+@pytest.mark.slow
 def test_bench_refuses_no_profiles_and_a_seed_count_past_its_cap(tiny_paths, tmp_path):
     base = ["bench", "-m", tiny_paths["target"], "--no-log"]
     assert "--profiles ''" in _one_line(mtpcli(*base, "--profiles", "", cwd=tmp_path))
@@ -118,6 +124,7 @@ def test_bench_refuses_no_profiles_and_a_seed_count_past_its_cap(tiny_paths, tmp
 
 # ---- item 7: hangs and silent stalls -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_fifo_in_a_prompt_folder_is_skipped_with_a_warning(gen, tmp_path):
     d = tmp_path / "p"
     d.mkdir()
@@ -128,6 +135,7 @@ def test_a_fifo_in_a_prompt_folder_is_skipped_with_a_warning(gen, tmp_path):
     assert f"skipped {d / 'f.txt'}: not a regular file" in r.stderr.decode()
 
 
+@pytest.mark.slow
 def test_an_endless_prompt_file_or_line_is_refused_at_a_cap(gen, tmp_path, monkeypatch):
     err = _one_line(mtpcli(*gen, "--prompt-file", "/dev/zero", cwd=tmp_path, timeout=60))
     assert "--prompt-file /dev/zero is larger than 64 MiB" in err
@@ -158,6 +166,7 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized_whole(t
     assert [r.index for r in requests] == [1]
 
 
+@pytest.mark.slow
 def test_bench_refuses_prompt_tokens_past_the_context(tiny_paths, tmp_path):
     (tmp_path / "p.txt").write_text("abc")
     r = mtpcli("bench", "-m", tiny_paths["target"], "--prompts", tmp_path / "p.txt", "--prompt-tokens", 300,
@@ -174,6 +183,7 @@ def test_a_temperature_that_overflows_the_logits_is_refused():
     assert [config.resolve(None, {"temp": t}, env={}).temp for t in (0.0, 1e-6, 0.5)] == [0.0, 1e-6, 0.5]
 
 
+@pytest.mark.slow
 def test_system_without_a_chat_template_warns_once(gen, tmp_path):
     (tmp_path / "a.txt").write_text("abc")
     (tmp_path / "b.txt").write_text("abd")
@@ -183,6 +193,7 @@ def test_system_without_a_chat_template_warns_once(gen, tmp_path):
     assert r.stderr.decode() == "mtpcli: warning: --system is not used: the model's tokenizer has no chat template\n"
 
 
+@pytest.mark.slow
 def test_draft_none_refuses_draft_flags_it_would_ignore_and_batch_size_of_one_row_warns(gen, tmp_path):
     for flags, named in (({"draft_model": "d"}, "--draft-model"), ({"num_draft_tokens": 3}, "--num-draft-tokens"),
                          ({"adaptive": True}, "--spec-draft-adaptive")):
@@ -193,6 +204,7 @@ def test_draft_none_refuses_draft_flags_it_would_ignore_and_batch_size_of_one_ro
     assert r.returncode == 0 and "--batch-size has no effect on one prompt" in r.stderr.decode()
 
 
+@pytest.mark.slow
 def test_prompts_jsonl_repeated_and_from_stdin_with_ids_passed_through(gen, tmp_path):
     a = tmp_path / "a.jsonl"
     a.write_text(json.dumps({"prompt": "abc", "id": "first"}) + "\n" + json.dumps({"prompt": "b", "id": 7}) + "\n")
@@ -206,6 +218,7 @@ def test_prompts_jsonl_repeated_and_from_stdin_with_ids_passed_through(gen, tmp_
     assert [c["id"] for c in json.loads(r.stdout)["completions"]] == ["first", 7]
 
 
+@pytest.mark.slow
 def test_every_run_of_the_typical_lane_says_it_is_not_exact(gen, tiny_paths, tmp_path):
     r = mtpcli(*gen, "-p", "ab", "--typical-threshold", 0.1, cwd=tmp_path)  # T = 0: a no-op, and said so
     assert r.returncode == 0 and f"{TYPICAL_TAG} a no-op at temp 0 (greedy);" in r.stderr.decode()
@@ -223,6 +236,7 @@ def test_an_unknown_profile_from_the_environment_names_the_variable():
 
 # ---- item 10: -n counts completions -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_n_says_it_counts_completions_and_its_rows_leave_out_what_is_not_theirs(gen, tmp_path):
     assert "not a token count" in mtpcli("generate", "-h", cwd=tmp_path).stdout.decode()
     r = mtpcli(*gen, "-p", "ab", "-n", 17, "--max-tokens", 1, "--format", "json", cwd=tmp_path)

@@ -55,6 +55,7 @@ def test_an_unknown_command_is_one_line_before_the_launcher_starts(cli):
     assert r.returncode == 127 and "Traceback" not in err and "rank 1: cannot run ./nonexistent" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program, code", [("nonexistent", 127), ("/etc/passwd", 126)])
 def test_the_rank_wrapper_reports_a_command_it_cannot_run_without_a_traceback(program, code):
     """On another host the launcher cannot look: the wrapper says so in one line and reports a shell's status."""
@@ -82,6 +83,7 @@ def test_mlx_launch_lines_have_no_colour_under_no_color(cli):
     assert "\x1b" not in err and "mtpcli: error: rank 0 exited with status 1" in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals a process group")
 def test_ctrl_c_ends_the_job_with_rank_0s_statistics_and_no_traceback(qwen, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "mtpcli", "launch", "-n", "2", "--backend", "ring", "--",

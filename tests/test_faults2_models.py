@@ -123,6 +123,7 @@ def test_a_gguf_converted_into_a_read_only_cache_is_one_line(monkeypatch, capsys
     assert os.listdir(cache) == []
 
 
+@pytest.mark.slow
 def test_a_gguf_converted_into_a_full_cache_is_one_line_and_leaves_nothing(gguf, tmp_path):
     # every write past 100 kB fails, as on a full disk (EFBIG where a disk says ENOSPC), in C++ and Python alike
     small_files = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
@@ -177,6 +178,7 @@ cli.main()
 """
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_model_loads_exits_143(tmp_path, tiny_paths):
     p = subprocess.Popen([sys.executable, "-c", SLOW_LOAD, "generate", "-m", str(tiny_paths["target"]), "-p", "ab",
                           "--no-log"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,

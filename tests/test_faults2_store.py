@@ -148,6 +148,7 @@ def test_an_odd_blob_is_skipped_by_id_not_the_whole_history(monkeypatch, capsys)
     assert code == 0 and [json.loads(x)["id"] for x in out.splitlines()] == [1], err
 
 
+@pytest.mark.slow
 def test_a_locked_store_costs_seconds_then_one_warning(monkeypatch, capsys):
     """A lock another process holds (here: a write transaction left open) delays a run's end by seconds, not the
     30 s per write of SQLite's busy timeout before: the cost table 1 s, the record and the history 5 s each."""

@@ -13,6 +13,11 @@ TOKENS = ["<unk>", "<eos>"] + list("abcdefghijklmnopqrstuvwxyz.,!?") + ["Ä ", "Ä
 NAMES = {v: k for k, v in gguf_convert.LAYER_NAMES.items()}
 
 
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row permutation (its converter's `permute`: a GGUF written as llama.cpp writes one)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def write_gguf(path, weights, cfg, arch="llama", qtype=None):
     w = GGUFWriter(str(path), arch)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -43,9 +48,9 @@ def write_gguf(path, weights, cfg, arch="llama", qtype=None):
             _, _, layer, *rest = name.split(".")
             gname = f"blk.{layer}.{NAMES['.'.join(rest[:-1])]}.{rest[-1]}"
             if arch == "llama" and rest[-2] == "q_proj":
-                arr = gguf_convert.permute(arr, cfg["num_attention_heads"])
+                arr = permute(arr, cfg["num_attention_heads"])
             if arch == "llama" and rest[-2] == "k_proj":
-                arr = gguf_convert.permute(arr, cfg["num_key_value_heads"])
+                arr = permute(arr, cfg["num_key_value_heads"])
         if qtype is not None and arr.ndim == 2:
             w.add_tensor(gname, quantize(arr, qtype), raw_dtype=qtype)
         else:
@@ -112,5 +117,5 @@ def test_unsupported_architecture_refused_by_name(tmp_path):
 
 def test_unpermute_inverts_permute():
     w = np.arange(8 * 3 * 5, dtype=np.float32).reshape(24, 5)
-    assert (gguf_convert.unpermute(gguf_convert.permute(w, 3), 3) == w).all()
-    assert not (gguf_convert.permute(w, 3) == w).all()
+    assert (gguf_convert.unpermute(permute(w, 3), 3) == w).all()
+    assert not (permute(w, 3) == w).all()

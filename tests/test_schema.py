@@ -37,8 +37,10 @@ def guide(loaded) -> constrain.Guide:
 
 
 def engine(loaded, drafter, width, batch_size=1, **cfg):
+    """An engine under the constraints of the drafter's guide (one made with its own: ModelDrafter(..., guide=))."""
     return Engine(loaded.model, drafter, FixedWidth(width), loaded.tokenizer.eos_token_ids, DecodeConfig(**cfg),
-                  batch_size, guide=guide(loaded), trees=drafter.trees is not None)
+                  batch_size, guide=getattr(drafter, "guide", None) or guide(loaded),
+                  trees=getattr(drafter, "trees", None) is not None)
 
 
 def restricted_law(loaded, g: str, ids: list[int], sp: SamplingParams):
@@ -71,7 +73,7 @@ def test_speculation_under_a_constraint_samples_the_restricted_target(tiny, sp, 
     p1, p2 = marginals(restricted_law(target, g, ids, sp), ids)
     assert (p1 > 0).sum() > 2 and (p2 > 0).sum() > 2  # several tokens allowed at each position
     spec = Spec(6, 3) if source.endswith("tree") else None
-    drafter = NgramDrafter(1, 3, spec) if source.startswith("ngram") else ModelDrafter(draft.model, trees=spec)
+    drafter = NgramDrafter(1, 3, spec) if source.startswith("ngram") else ModelDrafter(draft.model, trees=spec, guide=guide(target))
     eng = engine(target, drafter, 3, batch_size=250, sampling=sp)
     first, second = draws(eng, ids, g)
     assert eng.stats.drafted > 0 and eng.stats.accepted < eng.stats.drafted  # it speculated, and rejected some
@@ -92,7 +94,7 @@ def test_negative_control_under_a_constraint_fails(tiny, monkeypatch):
     ids, g = list(target.tokenizer.encode(PROMPT)), grammar()
     p1, p2 = marginals(restricted_law(target, g, ids, sp), ids)
     monkeypatch.setattr(verify, "exact", resampled_from_p)
-    first, second = draws(engine(target, ModelDrafter(draft.model), 3, batch_size=250, sampling=sp), ids, g)
+    first, second = draws(engine(target, ModelDrafter(draft.model, guide=guide(target)), 3, batch_size=250, sampling=sp), ids, g)
     assert not (fits(first, p1) and fits(second, p2))
 
 
@@ -105,7 +107,7 @@ def test_greedy_under_a_schema_equals_plain_decoding_one_row_and_a_batch(tiny, t
     reqs = lambda: [Request(i, p, 12, 0, 0, g) for i, p in enumerate(prompts)]  # noqa: E731
     plain = run(engine(target, NoDraft(), 0), reqs())
     assert all(o and all(target.tokenizer.decode([t]).isdigit() for t in o) for o in plain)
-    for drafter in (ModelDrafter(draft.model), NgramDrafter(1, 3)):
+    for drafter in (ModelDrafter(draft.model, guide=guide(target)), NgramDrafter(1, 3)):
         for batch in (1, 3):
             eng = engine(target, drafter, 3, batch_size=batch)
             assert run(eng, reqs()) == plain, (type(drafter).__name__, batch)
@@ -116,7 +118,7 @@ def test_greedy_under_a_schema_equals_plain_decoding_one_row_and_a_batch(tiny, t
 def test_forced_tokens_are_drafted_free_and_counted_apart(tiny):
     target, draft = tiny
     ids = list(target.tokenizer.encode(PROMPT))
-    eng = engine(target, ModelDrafter(draft.model), 2)
+    eng = engine(target, ModelDrafter(draft.model, guide=guide(target)), 2)
     out = run(eng, [Request(0, ids, 10, 0, 0, grammar('start: "::" /[a-f]/ /[0-9]/'))])[0]
     text = target.tokenizer.decode(out)
     assert text[:2] == "::" and len(text) == 4 and eng.stats.source_trace[0] == "forced"
@@ -133,7 +135,7 @@ def test_a_batch_mixes_forced_drafted_and_unconstrained_rows_and_keeps_greedy_id
     gs = [grammar('start: "::" /[a-f]{2}/ "::" /[0-9]/'), grammar(), None]
     reqs = lambda: [Request(i, ids, 12, 0, 0, g) for i, g in enumerate(gs)]  # noqa: E731
     plain = run(engine(target, NoDraft(), 0), reqs())
-    eng = engine(target, ModelDrafter(draft.model), 3, batch_size=3)
+    eng = engine(target, ModelDrafter(draft.model, guide=guide(target)), 3, batch_size=3)
     assert run(eng, reqs()) == plain
     texts = [target.tokenizer.decode(o) for o in plain]
     assert texts[0][:2] == texts[0][4:6] == "::" and texts[1][2:4] == "::" and len(texts[2]) == 12
@@ -154,7 +156,7 @@ def test_the_draft_model_proposes_under_the_constraint_along_its_own_path(tiny, 
         seen.append((out[1], list(d.lengths)) if out else None)
         return out
     monkeypatch.setattr(constrain.Guide, "masks", watch)
-    eng = engine(target, ModelDrafter(draft.model), 4, batch_size=4, sampling=sp)
+    eng = engine(target, ModelDrafter(draft.model, guide=guide(target)), 4, batch_size=4, sampling=sp)
     run(eng, [Request(c, ids, 12, 0, c, grammar("start: /[a-f0-9]{10}/")) for c in range(8)])
     assert eng.stats.drafted > 20 and all(allowed == lengths for allowed, lengths in seen)
 

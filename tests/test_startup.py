@@ -90,6 +90,7 @@ def test_load_takes_the_first_that_loads_in_this_process(fake_libs, monkeypatch)
     assert blas.load(["generate", "--help"]) is None and tried == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not blas.candidates(), reason="no fast BLAS on this machine (neither the mkl wheel nor OpenBLAS)")
 def test_generate_maps_the_fast_blas_without_a_second_start(tiny_paths, tmp_path):
     route, path = blas.candidates()[0]
@@ -102,6 +103,7 @@ def test_generate_maps_the_fast_blas_without_a_second_start(tiny_paths, tmp_path
     assert not any("libmkl_rt" in m or "libopenblas" in m for m in maps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["profile", "list"]], ids=" ".join)
 def test_commands_import_only_what_they_use(args, tmp_path):
     code, out, maps, modules = probe(*args, cwd=tmp_path)

@@ -2,6 +2,7 @@
 every value comes out as typer's own coercion gives it, its error messages included."""
 
 
+import pytest
 import typer
 
 from mtpcli.cli import app
@@ -9,6 +10,7 @@ from mtpcli.options import Plain
 from test_startup import probe
 
 
+@pytest.mark.slow
 def test_generate_imports_no_pydantic(tiny_paths):
     code, out, _, modules = probe("generate", "-m", tiny_paths["target"], "--max-tokens", "2", "-p", "hi", "-q",
                                   "--batch-size", "1", "--temp", "0.5")

@@ -39,7 +39,7 @@ def window(tmp_path_factory):
 def engine(target, drafter, width=4, batch_size=1, **cfg):
     """An engine over `drafter`, whose target verifies trees where the drafter drafts them."""
     return Engine(target.model, drafter, FixedWidth(width if drafter.speculates else 0), (), DecodeConfig(**cfg),
-                  batch_size, trees=drafter.trees is not None)
+                  batch_size, trees=getattr(drafter, "trees", None) is not None)
 
 
 def run(eng, tok, prompts, n=1, max_tokens=40, seed=0):

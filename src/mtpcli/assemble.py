@@ -14,7 +14,7 @@ from . import history, models, prefix, runlog
 from .config import Config
 from .constrain import Guide
 from .controller import EmaController, FixedWidth
-from .drafters import Drafter, NoDraft
+from .drafters import NoDraft, Source
 from .drafters.auto import AutoDrafter
 from .drafters.dflash import DFlashDrafter
 from .drafters.eagle import EagleDrafter
@@ -45,22 +45,23 @@ def open_history(cfg: Config, target: models.Loaded, keep_prompts: bool = False)
 
 
 def source(kind: str, cfg: Config, target: models.Loaded, draft: models.Loaded | None, store, trees: bool = False,
-           prefills: prefix.Store | None = None) -> Drafter:
-    """One draft source (`trees`: drafting the trees the configuration asks for, where it can); under draft = auto
-    a draft model defers its prompt's prefill until auto brings it in."""
+           prefills: prefix.Store | None = None, guide: Guide | None = None) -> Source:
+    """One draft source (`trees`: drafting the trees the configuration asks for, where it can; `guide`: the rows'
+    constraints, which a sampled draft follows); under draft = auto a draft model defers its prompt's prefill until
+    auto brings it in."""
     spec = tree_spec(cfg, kind, target, draft) if trees else None
     if kind == "ngram":
         return NgramDrafter(cfg.ngram_min, cfg.ngram_max, spec)
     if kind == "history":
         return HistoryDrafter(store, models.output_size(target), spec)
     if kind == "mtp":
-        return MtpDrafter(models.mtp_head(target), target.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step)
+        return MtpDrafter(models.mtp_head(target), target.model, cfg.p_min, cfg.prefill_step, guide)
     if kind == "eagle3":
-        return EagleDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step, trees=spec)
+        return EagleDrafter(draft.model, cfg.p_min, cfg.prefill_step, spec, guide)
     if kind == "dflash":
         return DFlashDrafter(draft.model, prefill_step=cfg.prefill_step)
     return ModelDrafter(draft.model, p_min=cfg.p_min, prefill_step=cfg.prefill_step, defer=cfg.draft == "auto",
-                        trees=spec, shelf=shelf(cfg, prefills, draft, "draft model", "none"))
+                        trees=spec, shelf=shelf(cfg, prefills, draft, "draft model", "none"), guide=guide)
 
 
 def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batch_size: int = 1, store=None,
@@ -70,17 +71,17 @@ def engine(cfg: Config, target: models.Loaded, draft: models.Loaded | None, batc
     `prefills`: the kept prefills (prefix.py), a shelf for the target and each draft model."""
     store = open_history(cfg, target) if store is None else store
     trees = verifies_trees(cfg, target)
+    vocab = (target.config.get("text_config") or target.config).get("vocab_size")
+    guide = Guide(target.tokenizer, target.tokenizer.eos_token_ids, vocab) if vocab else None  # (built at its first use)
     if cfg.draft == "auto":
-        drafter = AutoDrafter({k: source(k, cfg, target, draft, store, trees, prefills) for k in cfg.sources})
+        drafter = AutoDrafter({k: source(k, cfg, target, draft, store, trees, prefills, guide) for k in cfg.sources})
         policy = auto_policy(cfg, target, draft, drafter, rebase=REBASE if keep and not runlog.disabled() else 0)
     elif cfg.draft == "none":
         drafter, policy = NoDraft(), FixedWidth(0)
     else:  # one source's width: fixed, or adaptive (the censoring-aware EMA)
-        drafter = source(cfg.draft, cfg, target, draft, store, trees, prefills)
+        drafter = source(cfg.draft, cfg, target, draft, store, trees, prefills, guide)
         policy = EmaController(cfg.n_min, cfg.n_max, cfg.ema_alpha, cfg.ema_probe, cfg.ema_init) if cfg.adaptive \
             else FixedWidth(cfg.num_draft_tokens)
-    vocab = (target.config.get("text_config") or target.config).get("vocab_size")
-    guide = Guide(target.tokenizer, target.tokenizer.eos_token_ids, vocab) if vocab else None  # (built at its first use)
     hidden = f"taps {list(drafter.taps)}" if drafter.taps else "last" if drafter.needs_hidden else "none"
     eng = Engine(target.model, drafter, policy, target.tokenizer.eos_token_ids, decode_config(cfg), batch_size,
                  guide=guide, trees=trees, shelf=shelf(cfg, prefills, target, "target", hidden))

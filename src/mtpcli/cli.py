@@ -132,8 +132,7 @@ def _checked_system(cfg: config.Config) -> config.Config:
     """CFG with its system message's surrogates replaced (with the warning naming where it came from)."""
     from . import prompts
 
-    where = "--system" if cfg.origins["system"] == "flag" else cfg.origins["system"]  # (or env MTPCLI_SYSTEM)
-    if (system := prompts.valid_text(cfg.system, where)) != cfg.system:
+    if (system := prompts.valid_text(cfg.system, cfg.where("system"))) != cfg.system:
         cfg = dataclasses.replace(cfg, system=system)
     return cfg
 
@@ -406,23 +405,9 @@ def models_pull(names: List[str] = typer.Argument(..., help="Aliases to fetch an
 @models_app.command("inspect")
 def models_inspect(path: str):
     """What a checkpoint is and which draft sources it supports."""
-    from . import eagle, models
+    from . import models
 
-    folder = models.resolve(path, download=False)  # (an alias not fetched yet: said, not fetched to print 4 lines)
-    cfg = models.read_config(folder)
-    if head := eagle.kind(folder):
-        cfg = eagle.flat(cfg)
-        taps = ((cfg.get("eagle_config") or cfg.get("dflash_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-                or (cfg.get("dflash_config") or {}).get("target_layer_ids") or "the defaults")
-        print(f"kind: {models.HEADS[head]} (a draft for a target; --draft {head} --draft-model {path})")
-        print(f"hidden: {cfg.get('hidden_size')}  target layers read: {taps}  "
-              f"vocab: {cfg.get('draft_vocab_size', cfg.get('vocab_size'))} of {cfg.get('vocab_size')}")
-        return
-    models.check_config(folder, cfg)
-    print(f"model_type: {cfg.get('model_type')}")
-    print(f"layers: {cfg.get('num_hidden_layers')}  hidden: {cfg.get('hidden_size')}  vocab: {cfg.get('vocab_size')}")
-    print(f"context: {models.max_context(cfg)}")
-    print("draft sources: " + ", ".join(models.draft_sources(folder, cfg)))
+    print("\n".join(models.describe(path)))
 
 
 @app.command("convert")
@@ -445,6 +430,22 @@ def _sigterm(_signum, _frame) -> None:
     raise KeyboardInterrupt(EXIT_TERMINATED)
 
 
+def _mark_failures(stdout) -> None:
+    """Mark an OSError raised by writing STDOUT (`.stdout`), to tell it from another's that names no file."""
+    raw = getattr(getattr(stdout, "buffer", None), "raw", getattr(stdout, "buffer", None))
+    if not hasattr(raw, "__dict__") or getattr(raw.write, "__name__", "") == "marked":  # (None: stdout closed)
+        return
+    write = raw.write
+
+    def marked(b):
+        try:
+            return write(b)
+        except OSError as e:
+            e.stdout = True
+            raise
+    raw.write = marked
+
+
 def main() -> None:
     blas.load(sys.argv[1:])  # before anything imports MLX
     signal.signal(signal.SIGTERM, _sigterm)
@@ -453,13 +454,14 @@ def main() -> None:
         try:
             command = typer.main.get_command(app)
             plain_values(command, CONTEXT["help_option_names"])  # (no pydantic)
+            _mark_failures(sys.stdout)
             try:  # a reader that left, or a full disk, shows at a print (unbuffered, as PYTHONUNBUFFERED makes it)
                 code = command(standalone_mode=False, prog_name="mtpcli")  # (not `python -m mtpcli`)
                 code = EXIT_TERMINATED if code == EXIT_INTERRUPTED and _global["terminated"] else code
                 if sys.stdout is not None:  # (None: stdout closed before the start, and print writes nothing)
                     sys.stdout.flush()  # ... or here, not at the interpreter's exit
             except OSError as e:
-                if isinstance(e, BrokenPipeError) or e.filename is not None:  # (a file's error names its file)
+                if isinstance(e, BrokenPipeError) or not getattr(e, "stdout", False):
                     raise
                 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (what is left in stdout's buffer goes nowhere at exit)
                 raise MtpError(f"stdout: {e.strerror or e}", EXIT_IO) from None

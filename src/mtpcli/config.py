@@ -134,6 +134,10 @@ class Config:
     def law(self) -> str:
         return "greedy" if self.temp == 0 else "typical" if self.typical_threshold > 0 else "exact"
 
+    def where(self, key: str) -> str:
+        """Where the key's value came from, as a message names it: its flag, else its origin (env, a profile)."""
+        return _where(key, self.origins.get(key, "default"))
+
     def record(self, texts: bool = False) -> dict[str, Any]:
         """What the run log and --stats-json keep of the settings: every key, so that a run can be replayed; the
         system message's text only with `texts` (--log-prompts), else <redacted> (as the command line keeps it)."""
@@ -159,6 +163,10 @@ class Key:
     @property
     def env(self) -> str:
         return "MTPCLI_" + self.name.upper()
+
+
+def _where(key: str, origin: str) -> str:
+    return SCHEMA[key].option if origin == "flag" else origin
 
 
 def _base(t) -> type:
@@ -325,8 +333,7 @@ def resolve(profile: str | None, flags: Mapping[str, Any], env: Mapping[str, str
             v[name], origins[name] = spec.default, "default"
     for name in ("model", "draft_model"):  # (an empty name would be read as the working folder, or as no draft)
         if v[name] is not None and not v[name].strip():
-            where = SCHEMA[name].option if origins[name] == "flag" else origins[name]
-            raise UsageError(f"{where}: {name} is empty; give a local folder, an alias, a .gguf file or a Hugging "
+            raise UsageError(f"{_where(name, origins[name])}: {name} is empty; give a local folder, an alias, a .gguf file or a Hugging "
                              "Face id")
     if v["tree"] != "off" and v["typical_threshold"] > 0:
         raise UsageError("--spec-tree needs the exact law: it is not used with typical acceptance "
@@ -390,11 +397,3 @@ def settle(cfg: Config, has_mtp: bool, several_rows: bool = False, sharded: bool
         widest = {n: AUTO_N_MAX for n in sources if n != "history"}
     return replace(cfg, sources=sources, widest=widest)
 
-
-def markdown_table() -> str:
-    """The README's table of profile keys, generated from the schema (a test keeps them in step)."""
-    lines = ["| key | flag | environment | type | default | allowed | meaning |", "|---|---|---|---|---|---|---|"]
-    for k in SCHEMA.values():
-        default = "" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else str(k.default)
-        lines.append(f"| `{k.name}` | `{k.option}` | `{k.env}` | {k.type.__name__} | {default} | {k.allowed} | {k.help} |")
-    return "\n".join(lines)

@@ -120,14 +120,12 @@ def begin(cfg, go_on: bool, ident: int | None, save: bool, log: bool):
     if not (go_on or ident):
         return cfg, Conversation(None, canonical(cfg.model), cfg.system)
     conv = find(ident)
-    if cfg.origins.get("model", "default") != "default" and canonical(cfg.model) != conv.model:
-        where = "--model" if cfg.origins["model"] == "flag" else cfg.origins["model"]
-        raise UsageError(f"{flag}: conversation {conv.id} is with model {conv.model}, not {cfg.model} ({where}); "
-                         "drop the model to go on with it, or start a new conversation")
+    if cfg.where("model") != "default" and canonical(cfg.model) != conv.model:
+        raise UsageError(f"{flag}: conversation {conv.id} is with model {conv.model}, not {cfg.model} "
+                         f"({cfg.where('model')}); drop the model to go on with it, or start a new conversation")
     if cfg.system is not None and cfg.system != conv.system:
-        where = "--system" if cfg.origins.get("system") == "flag" else cfg.origins.get("system")
-        raise UsageError(f"{flag}: {where} differs from conversation {conv.id}'s system message, set when it began; "
-                         "start a new conversation to change it")
+        raise UsageError(f"{flag}: {cfg.where('system')} differs from conversation {conv.id}'s system message, set "
+                         "when it began; start a new conversation to change it")
     return replace(cfg, model=conv.model, system=conv.system), conv
 
 

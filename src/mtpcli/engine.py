@@ -163,9 +163,7 @@ class Engine:
                  batch_size: int = 1, peer=None, guide=None, trees: bool = False, shelf=None):
         """`trees`: the target verifies draft trees; `shelf`: its prefills kept across runs (cache.LM)."""
         self.drafter = drafter or NoDraft()
-        self.guide = guide  # constrain.Guide: the rows' constraints (None: no row has one)
-        for d in [self.drafter, *getattr(self.drafter, "sources", {}).values()]:
-            d.guide = guide  # (a sampled draft is proposed under the constraint along its own path)
+        self.guide = guide  # constrain.Guide: the rows' constraints (None: no row has one; the drafter's, made with it)
         self.target = LM(model, "target model", config.prefill_step, hidden=self.drafter.needs_hidden,
                          taps=self.drafter.taps, trees=trees, shelf=shelf)
         if self.drafter.speculates:

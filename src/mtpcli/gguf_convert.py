@@ -53,11 +53,6 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's q/k row permutation (used by the tests to write GGUFs as llama.cpp does)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def read_config(reader) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
     if arch not in MODEL_TYPES:
@@ -83,9 +78,23 @@ def read_config(reader) -> dict[str, Any]:
     if arch == "gemma3":  # what the GGUF does not carry (../shared/models.md)
         config.update(sliding_window=int(g("attention.sliding_window", 512)), sliding_window_pattern=6,
                       rope_local_base_freq=10000.0, query_pre_attn_scalar=256)
-    if (eos := _field(reader, "tokenizer.ggml.eos_token_id")) is not None:
-        config["eos_token_id"] = int(eos)
+    if eos := end_ids(reader):
+        config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     return config
+
+
+# llama.cpp's end-of-generation tokens by name (llama-vocab.cpp): what an HF folder's generation_config.json lists
+# beside config.json's eos (Qwen's <|endoftext|>, Llama 3's <|eot_id|>, Gemma's <end_of_turn>) and a GGUF does not
+EOG_NAMES = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+             "<|end_of_text|>"}
+
+
+def end_ids(reader) -> list[int]:
+    """The token ids that end a generation: the GGUF's eos, eot and eom, and its control tokens llama.cpp ends on."""
+    tokens, types = _field(reader, "tokenizer.ggml.tokens", []), _field(reader, "tokenizer.ggml.token_type", [])
+    named = {i for i, (t, kind) in enumerate(zip(tokens, types)) if kind == 3 and t in EOG_NAMES}  # (3: control)
+    ids = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    return sorted({int(i) for i in ids if i is not None} | named)
 
 
 def read_weights(reader, config: dict[str, Any], tensors) -> dict[str, np.ndarray]:

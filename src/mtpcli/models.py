@@ -340,3 +340,20 @@ def draft_sources(folder: Path | str, config: dict) -> list[str]:
     if any(k in config for k in ("linear_num_value_heads", "ssm_cfg", "state_size", "mamba_d_state")):
         sources.append("(recurrent layers: a rejected draft restores a snapshot and replays the kept tokens)")
     return sources
+
+
+def describe(path: str) -> list[str]:
+    """`mtpcli models inspect`: what a checkpoint is (a model, or a draft head for a target) and what drafts for it."""
+    folder = resolve(path, download=False)  # (an alias not fetched yet: said, not fetched to print 4 lines)
+    cfg = read_config(folder)
+    if head := eagle.kind(folder):
+        cfg = eagle.flat(cfg)
+        taps = ((cfg.get("eagle_config") or cfg.get("dflash_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+                or (cfg.get("dflash_config") or {}).get("target_layer_ids") or "the defaults")
+        return [f"kind: {HEADS[head]} (a draft for a target; --draft {head} --draft-model {path})",
+                f"hidden: {cfg.get('hidden_size')}  target layers read: {taps}  "
+                f"vocab: {cfg.get('draft_vocab_size', cfg.get('vocab_size'))} of {cfg.get('vocab_size')}"]
+    check_config(folder, cfg)
+    return [f"model_type: {cfg.get('model_type')}",
+            f"layers: {cfg.get('num_hidden_layers')}  hidden: {cfg.get('hidden_size')}  vocab: {cfg.get('vocab_size')}",
+            f"context: {max_context(cfg)}", "draft sources: " + ", ".join(draft_sources(folder, cfg))]

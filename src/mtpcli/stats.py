@@ -100,7 +100,7 @@ class RunStats(_Drafts):
     load_s: float | None = None  # loading the models (the run's, not a completion's)
     ttft_s: float | None = None
     peak_memory_bytes: int = 0
-    width_estimate: float | None = None  # the width policy's (record key: controller_estimate)
+    width_estimate: float | None = None  # the width policy's
     typical: dict[str, Any] | None = None
     shared_prompt: bool = False  # the prompt's cache came from an earlier request's prefill (-n)
     prompt_cached_tokens: int = 0  # prompt tokens the target took from kept prefills (prefix.py)
@@ -187,7 +187,7 @@ class RunStats(_Drafts):
               "load_s": self.load_s, "prefill_s": self.prefill_s, "draft_prefill_s": self.draft_prefill_s,
               "draft_prefill_tokens": self.draft_prefill_tokens, "decode_s": self.decode_s,
               "peak_memory_bytes": self.peak_memory_bytes, "floor_cut_drafts": self.cut_short,
-              "controller_estimate": self.width_estimate, "width_trace": self.width_trace,
+              "width_estimate": self.width_estimate, "width_trace": self.width_trace,
               "tokens_per_cycle_trace": self.tpc_trace,
               "sources": {name: st.to_dict(self.decode_s) for name, st in sorted(self.sources.items())},
               "plain_steps": self.sources[PLAIN].cycles if PLAIN in self.sources else 0,

@@ -107,8 +107,8 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
              ("ttft_s", f"{d['ttft_s']:.3f}" if d.get("ttft_s") is not None else "-"),
              *_seconds(d),
              ("peak_memory", f"{d['peak_memory_bytes'] / 2**20:.1f} MiB")]
-    if d.get("controller_estimate") is not None:
-        rows.append(("controller_estimate", f"{d['controller_estimate']:.2f}"))
+    if (estimate := d.get("width_estimate", d.get("controller_estimate"))) is not None:  # (its key before tidy5)
+        rows.append(("width_estimate", f"{estimate:.2f}"))
     if d.get("floor_cut_drafts"):
         rows.append(("floor_cut_drafts", str(d["floor_cut_drafts"])))
     if d.get("forced_tokens"):  # (a constraint's)

@@ -13,11 +13,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import LM
-from ..constrain import Guide
 from ..controller import Plan
 from ..sampling import SamplingParams, probs, sample
 from ..stop import Rule, Stop
-from ..tree import Shape, Spec
+from ..tree import Shape
 
 
 @dataclass
@@ -117,17 +116,14 @@ def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
 
 
 class Drafter(Protocol):
-    """What the engine and draft = auto ask of a source; a source that subclasses it declares only where it differs."""
+    """What the engine asks of a drafter; one that subclasses it declares only where it differs. Settings (a tree
+    spec, the rows' constraints) are given when it is made."""
 
     name: str = "none"
     speculates: bool = True  # False only for plain decoding
     needs_hidden: bool = False  # asks the engine for the target's hidden states (its last layer's, after the norm)
     taps: tuple[int, ...] = ()  # ... or the outputs of these target layers, joined (an EAGLE-3 head's)
     max_rows: int | None = None  # caps the batch (None: any)
-    stops: bool = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
-    defer: bool = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
-    trees: Spec | None = None  # the trees it drafts (tree.Spec, given when it is made; None: chains)
-    guide: Guide | None = None  # the rows' constraints, set by the engine: a sampled draft is proposed under them
     cached: int = 0  # prompt tokens the last `start` took from kept prefills (prefix.py) instead of prefilling them
     prefilled: int = 0  # ... and those it prefilled (0: none, or a deferred draft model's, counted when it joins)
 
@@ -140,6 +136,20 @@ class Drafter(Protocol):
     def start(self, row: int, prompt: list[int], hidden=None, keep: bool = False) -> None:
         """A row begins a prompt (hidden: the target's prompt states; keep: the next row starts the same prompt)."""
 
+    def propose(self, contexts, caps, sp, keys, plan: Plan | None = None) -> Draft:
+        """Up to caps[b] tokens for row b, drawn with keys[b]."""
+        return empty(caps)
+
+    def commit(self, contexts, n_accepted, hidden=None) -> None:
+        """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
+
+
+class Source(Drafter):
+    """What draft = auto asks of each of its sources besides (drafters.auto, policy.AutoPolicy)."""
+
+    stops: bool = False  # drafts autoregressively and stops itself where a token is not worth its cost (Plan.stop)
+    defer: bool = False  # prefills a row's prompt only when it first drafts (`backlog`; draft = auto weighs that)
+
     def backlog(self, row: int, context: list[int]) -> int | None:
         """How many committed tokens of the row the source would have to prefill before it drafts now (a draft
         model's deferred prompt, or what it missed while others drafted); None: it prefills nothing."""
@@ -150,15 +160,8 @@ class Drafter(Protocol):
         pass; None: no estimates (the source's kept acceptance stands for them)."""
         return None
 
-    def propose(self, contexts, caps, sp, keys, plan: Plan | None = None) -> Draft:
-        """Up to caps[b] tokens for row b, drawn with keys[b]."""
-        return empty(caps)
 
-    def commit(self, contexts, n_accepted, hidden=None) -> None:
-        """The contexts hold the committed tokens; n_accepted[b] of row b's drafts passed."""
-
-
-class HeadDrafter(Drafter):
+class HeadDrafter(Source):
     """A head over the target's own hidden states (EAGLE-3, DFlash): its cache (`lm`) keeps a row per batch row, and
     each row's new states (of the pass that committed them), each with the token after it, wait in `pending` until
     the row's next proposal (`_padded`)."""

@@ -4,13 +4,13 @@ up on the committed tokens the next time it drafts, an MTP head keeps collecting
 
 from __future__ import annotations
 
-from . import Draft, Drafter, empty
+from . import Draft, Drafter, Source, empty
 
 
 class AutoDrafter(Drafter):
     name = "auto"
 
-    def __init__(self, sources: dict[str, Drafter]):
+    def __init__(self, sources: dict[str, Source]):
         self.sources = dict(sources)
         self.needs_hidden = any(d.needs_hidden for d in self.sources.values())
         self.taps = next((d.taps for d in self.sources.values() if d.taps), ())  # (one source reads hidden states)
@@ -24,9 +24,6 @@ class AutoDrafter(Drafter):
         """What `source` would prefill for each row before drafting now (the policy asks, per source)."""
         got = [self.sources[source].backlog(b, c) for b, c in enumerate(contexts)]
         return None if None in got else got
-
-    def backlog(self, row: int, context: list[int]) -> int | None:
-        return max((n for d in self.sources.values() if (n := d.backlog(row, context)) is not None), default=None)
 
     @property
     def cached(self) -> int:

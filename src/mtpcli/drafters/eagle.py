@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import in_chunks
+from ..constrain import Guide
 from ..sampling import SamplingParams
 from ..tree import Spec
 from . import Draft, HeadDrafter, empty, trees
@@ -21,9 +22,10 @@ class EagleDrafter(HeadDrafter):
     name = "eagle3"
     stops = True
 
-    def __init__(self, head, p_min: float = 0.0, prefill_step: int = 512, trees: Spec | None = None):
+    def __init__(self, head, p_min: float = 0.0, prefill_step: int = 512, trees: Spec | None = None,
+                 guide: Guide | None = None):
         super().__init__(head, "draft head", prefill_step)
-        self.p_min, self.trees = p_min, trees
+        self.p_min, self.trees, self.guide = p_min, trees, guide
         self._committed: np.ndarray | None = None  # after a proposal: each row's committed entries
 
     def add_rows(self, n: int) -> None:

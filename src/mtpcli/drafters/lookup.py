@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import Draft, Drafter, trees
+from . import Draft, Source, trees
 
 
-class Lookup(Drafter):
+class Lookup(Source):
     """A source that drafts by lookup (no q: one-hot), a state per row in `rows` (`new_row(prompt)`): `looks(row,
     context, k, count)` is up to `count` drafts of up to k tokens (a tree's; the chain's first) with their estimates."""
 

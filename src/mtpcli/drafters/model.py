@@ -8,24 +8,26 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache import LM, in_chunks
+from ..constrain import Guide
 from ..sampling import SamplingParams
 from ..tree import Spec
-from . import Draft, Drafter, trees
+from . import Draft, Source, trees
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(Source):
     name = "model"
     stops = True
 
     def __init__(self, model, p_min: float = 0.0, prefill_step: int = 512, defer: bool = False,
-                 trees: Spec | None = None, shelf=None):
+                 trees: Spec | None = None, shelf=None, guide: Guide | None = None):
         """`defer`: a row starts with an empty cache and prefills its context when it first drafts (draft = auto
         brings it in once that pays: policy.AutoPolicy.plan); else it prefills the prompt at the start. `trees`:
-        the trees it drafts (None: chains); `shelf`: its prefills kept across runs (cache.LM)."""
+        the trees it drafts (None: chains); `shelf`: its prefills kept across runs (cache.LM); `guide`: the rows'
+        constraints (constrain.Guide), a sampled draft proposed under them."""
         self.lm = LM(model, role="draft model", prefill_step=prefill_step, shelf=shelf)
         self.lm.require_rollback()  # refused before decoding, not at the first rejection
         self.max_rows = 1 if self.lm.one_row else None
-        self.p_min, self.defer, self.trees = p_min, defer, trees
+        self.p_min, self.defer, self.trees, self.guide = p_min, defer, trees, guide
         self._proposed_from: list[int] = []
         self._fed = 0
         self._kept: dict[int, int] = {}  # a deferred row's prompt tokens the kept prefills hold (for its price)

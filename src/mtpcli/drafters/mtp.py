@@ -12,20 +12,21 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from ..cache import in_chunks, split_model
+from ..constrain import Guide
 from ..sampling import SamplingParams
-from . import Draft, Drafter, autoregress, empty
+from . import Draft, Source, autoregress, empty
 
 
-class MtpDrafter(Drafter):
+class MtpDrafter(Source):
     name = "mtp"
     needs_hidden = True
     max_rows = 1
     stops = True
 
-    def __init__(self, head, target_model, p_min: float = 0.0, prefill_step: int = 512):
+    def __init__(self, head, target_model, p_min: float = 0.0, prefill_step: int = 512, guide: Guide | None = None):
         inner, lm_head = split_model(target_model)
         self.head, self.embed, self.lm_head = head, inner.embed_tokens, lm_head
-        self.p_min, self.prefill_step = p_min, prefill_step
+        self.p_min, self.prefill_step, self.guide = p_min, prefill_step, guide
         self.cache = KVCache()
         self.pending: tuple[list[mx.array], list[int]] | None = None  # committed pairs not yet in the cache
         self._committed = 0  # cache entries that are committed pairs (the rest are speculative)
