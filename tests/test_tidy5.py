@@ -2,6 +2,9 @@
 model's generation, and only a failed write to stdout is exit 74."""
 
 import errno
+import fcntl
+import os
+import subprocess
 import sys
 
 import pytest
@@ -53,3 +56,18 @@ def test_an_oserror_naming_no_file_is_not_called_a_stdout_failure(monkeypatch, c
     code = _main(["profile", "list"], monkeypatch)
     err = capsys.readouterr().err
     assert code != EXIT_IO and "stdout" not in err and "No space left on device" in err, (code, err)
+
+
+def test_a_full_nonblocking_stdout_is_a_stdout_failure_exit_74():
+    # a pipe nobody reads, made non-blocking: the raw write returns None and the buffer raises a BlockingIOError
+    child = ("import sys\nfrom mtpcli import cli\n@cli.app.command('spam')\ndef spam():\n"
+             "    for _ in range(10000):\n        print('y' * 100)\nsys.argv = ['mtpcli', 'spam']\ncli.main()\n")
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    try:
+        p = subprocess.run([sys.executable, "-c", child], stdout=w, stderr=subprocess.PIPE, env=env, timeout=120)
+    finally:
+        os.close(w), os.close(r)
+    err = p.stderr.decode()
+    assert p.returncode == EXIT_IO and "mtpcli: error: stdout:" in err and "internal error" not in err, (p.returncode, err)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import signal
@@ -439,7 +440,10 @@ def _mark_failures(stdout) -> None:
 
     def marked(b):
         try:
-            return write(b)
+            n = write(b)
+            if n is None:  # (a non-blocking stdout that is full: the buffer's own BlockingIOError would name nothing)
+                raise BlockingIOError(errno.EAGAIN, "write could not complete without blocking")
+            return n
         except OSError as e:
             e.stdout = True
             raise
