@@ -1,7 +1,5 @@
-"""Settings: ONE schema (the fields of `Config`), TOML profiles, precedence flag > env > profile > default.
-`resolve` turns flags, the environment and a profile into a frozen `Config`, deciding every default that needs no
-model; `settle` decides, once the target is loaded, what depends on it (the draft sources the run has, the one
-source of a pinned width). The rest of the code reads attributes of the result."""
+"""Settings: ONE schema (the fields of `Config`), TOML profiles, precedence flag > env > profile > default;
+`resolve` decides every default that needs no model, `settle` what depends on the loaded target (the sources)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Conversations: the turns of `generate --save / -c / --conversation ID` and of `mtpcli chat` (after /save), kept
-in the run log beside its runs (tables conversations and turns, made on first use: an older log gains them). Their
-text is kept because the user asked to go on with them; a single prompt stays a hash (runlog). A turn is appended in
-one transaction, so concurrent `-c` on one conversation lose none (each turn sees the turns kept before it began)."""
+"""Conversations (`generate --save / -c / --conversation`, chat's /save): their turns beside the runs in the run
+log, one transaction a turn (README.md, Conversations)."""
 
 from __future__ import annotations
 

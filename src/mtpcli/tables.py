@@ -1,5 +1,4 @@
-"""The terminal's side: the one table printer every command uses, a run's record (stats.py) as rows, a table and
-sparklines, and the status line a slow step shows."""
+"""The terminal's side: the one table printer, a run's record as rows and sparklines, a slow step's status line."""
 
 from __future__ import annotations
 
