@@ -238,9 +238,7 @@ def profile_validate(names: Optional[List[str]] = typer.Argument(None, help="Nam
 @profile_app.command("path")
 def profile_path():
     """Where profiles and the default-profile setting live."""
-    print(f"shipped: {config.SHIPPED_DIR}")
-    print(f"user:    {config.user_dir()}")
-    print(f"config:  {config.config_file()}")
+    print(f"shipped: {config.SHIPPED_DIR}\nuser:    {config.user_dir()}\nconfig:  {config.config_file()}")
 
 
 @app.command("bench")

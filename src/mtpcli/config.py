@@ -35,13 +35,9 @@ BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0"
 
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
-    def check(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return False
-        if lo is not None and (v < lo or (lo_open and v == lo)):
-            return False
-        return not (hi is not None and (v > hi or (hi_open and v == hi)))
-    return check
+    """A finite value in [lo, hi] (an open end leaves its bound out; None: no bound)."""
+    return lambda v: not (isinstance(v, float) and not math.isfinite(v)) and \
+        (lo is None or v > lo or v == lo and not lo_open) and (hi is None or v < hi or v == hi and not hi_open)
 
 
 def key(default, help: str, check=None, allowed: str = "", flag: str = ""):

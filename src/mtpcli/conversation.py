@@ -78,11 +78,9 @@ def _read(sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         con.row_factory = sqlite3.Row
         try:
             return con.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as e:
-            if "no such table" in str(e):
-                return []
-            raise UsageError(runlog.problem("run log", path, e)) from None
         except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError) and "no such table" in str(e):
+                return []
             raise UsageError(runlog.problem("run log", path, e)) from None
 
 

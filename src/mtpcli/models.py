@@ -164,8 +164,7 @@ def load(name: str, role: str = "model", lazy: bool = False, tokenizer=None) -> 
         model, config = load_model(target, lazy) if spec is None else \
             load_model(target, lazy, get_model_classes=classes)
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ModelError(f"cannot load {role} '{name}': {msg}") from None
+        raise ModelError(f"cannot load {role} '{name}': {_first_line(e)}") from None
     return Loaded(model, tokenizer, Path(target), name, config, spec)
 
 
@@ -309,7 +308,7 @@ def _tokenizer_fault(path: Path, e: Exception) -> str:
             return f"not valid JSON: {bad}"
         if not (isinstance(doc, dict) and "model" in doc):
             return "no \"model\" in it: not a tokenizer.json of the Hugging Face tokenizers library"
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return _first_line(e)
 
 
 def check_weights(folder: Path, config: dict) -> None:
