@@ -51,10 +51,7 @@ def _open(create: bool) -> sqlite3.Connection:
     path = runlog.log_path()
     if not create and not path.is_file():
         raise UsageError(f"no run log at {path} (nothing logged yet, or deleted), so no conversations; {START}")
-    try:  # the run log's own check and mode, with these tables besides
-        return runlog.open_db(path, runlog.SCHEMA + SCHEMA, "runs", create, mode=0o600)
-    except (sqlite3.DatabaseError, OSError) as e:
-        raise UsageError(runlog.problem("run log", path, e)) from None
+    return runlog._connect(path, create, runlog.SCHEMA + SCHEMA)  # the run log's own check and mode, these tables too
 
 
 def _write(conv: Conversation, turns: list[tuple[str, str]], run: int | None) -> int:
