@@ -98,8 +98,7 @@ def generate(
     if conv is not None and (not single or num_completions > 1):
         raise UsageError("a conversation (-c, --conversation, --save) goes on with one prompt and one completion")
     opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
-                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts,
-                       conversation=conv)
+                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts, conversation=conv)
     raise typer.Exit(gen.run(cfg, items, opts))
 
 
@@ -277,10 +276,9 @@ def bench_cmd(
         check_writable("--out", out)
         refuse_overwrite("--out", out, (prompts or "").split(","))
     result = b.bench(task=task, model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
-                     profile_names=profile_names, seeds=seeds, prompt_source=prompts,
-                     max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
-                     argv=sys.argv[1:], log=not runlog.disabled() and not no_log,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     profile_names=profile_names, seeds=seeds, prompt_source=prompts, max_tokens=max_tokens,
+                     prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags, argv=sys.argv[1:],
+                     log=not runlog.disabled() and not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
     try:
         if out:  # first: a reader that closes stdout early loses no file
             write_file("--out", out, json.dumps(result, indent=1))

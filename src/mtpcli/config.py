@@ -77,8 +77,7 @@ class Config:
                     "likely tokens) verified in one target pass, exact at every temperature. A node budget per cycle, "
                     "auto (a tree where its expected tokens per second beat the chain's) or off.",
                     lambda v: v in ("off", "auto") or (re.fullmatch("[0-9]+", v) and 2 <= int(v) <= 64),
-                    "off, auto or 2..64",
-                    "--spec-tree")
+                    "off, auto or 2..64", "--spec-tree")
     tree_children: int = key(3, "Most children per node of a draft tree.", _rng(2, 8), "2..8", "--spec-tree-children")
     adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
                          flag="--spec-draft-adaptive")

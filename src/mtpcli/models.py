@@ -107,8 +107,7 @@ def hub_download(name: str) -> Path:
     constants.HF_HUB_OFFLINE, was = False, constants.HF_HUB_OFFLINE
     get_session().timeout = HUB_TIMEOUT  # (its own default is none: an unreachable host would hang, not fail)
     try:
-        return Path(snapshot_download(name, allow_patterns=DEFAULT_ALLOW_PATTERNS,
-                                     etag_timeout=HUB_TIMEOUT))
+        return Path(snapshot_download(name, allow_patterns=DEFAULT_ALLOW_PATTERNS, etag_timeout=HUB_TIMEOUT))
     except Exception as e:  # noqa: BLE001 - connection, HTTP, disk: the user needs one line
         cause = e.__cause__ or e.__context__ or e  # (a connection error is raised as "not in the cache", from it)
         if isinstance(e, GatedRepoError) or isinstance(cause, GatedRepoError):
