@@ -212,9 +212,8 @@ def _compare(records: list[dict], compare: list[str], name) -> tuple[dict, list[
 
 
 def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str, name: str) -> None:
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise UsageError(f"{name}: not a run's statistics (no {missing[0]})")
+    if missing := next((k for k in REQUIRED if k not in doc), None):
+        raise UsageError(f"{name}: not a run's statistics (no {missing})")
     if as_json:
         print(json.dumps(doc))
     else:
