@@ -80,11 +80,6 @@ def spread(values) -> dict[str, float] | None:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
 
 
-def end_to_end(st: RunStats, load_s: float) -> float:
-    """A run's seconds from start to exit, as a fresh process pays them: loading, each model's prefill, decoding."""
-    return load_s + st.prefill_s + st.draft_prefill_s + st.decode_s
-
-
 def summarize(arm: Arm) -> dict[str, Any]:
     seeds = [runs for _, runs in sorted(arm.runs.items())]
     per_seed = [RunStats.total(runs) for runs in seeds]
@@ -95,7 +90,7 @@ def summarize(arm: Arm) -> dict[str, Any]:
     mean = lambda f: spread([statistics.fmean(f(r) for r in runs) for runs in seeds])  # noqa: E731
     out["e2e"] = {"load_s": arm.load_s, "ttft_s": mean(lambda r: r.ttft_s or 0.0),
                   **{k: mean(lambda r, k=k: getattr(r, k)) for k in ("prefill_s", "draft_prefill_s", "decode_s")},
-                  "run_s": mean(lambda r: end_to_end(r, arm.load_s))}
+                  "run_s": mean(lambda r: arm.load_s + r.prefill_s + r.draft_prefill_s + r.decode_s)}  # start to exit
     return {"arm": arm.name, **out, "peak_memory_bytes": max(s.peak_memory_bytes for s in per_seed),
             "accept_by_position": per_seed[len(per_seed) // 2].accept_by_position,
             "generated_tokens": sum(s.generated_tokens for s in per_seed)}

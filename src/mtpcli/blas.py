@@ -1,8 +1,5 @@
-"""MLX's Linux CPU wheel links the slow reference BLAS. `load()` loads a fast one into this process before MLX is
-imported, with RTLD_GLOBAL, so that libmlx's cblas_* and LAPACK symbols resolve to it (as under LD_PRELOAD, with no
-second start of Python): Intel's MKL from its wheel (a dependency on Linux x86-64, with its own OpenMP runtime), else
-Debian's OpenBLAS (apt-get install libopenblas0-pthread), else none and a hint for generate. MTPCLI_BLAS=reference
-opts out; MTPCLI_BLAS_SKIP=wheel,apt passes routes over (a machine without them, for tests and measurements)."""
+"""A fast BLAS loaded into this process before MLX on Linux, RTLD_GLOBAL (MKL's wheel, else Debian's OpenBLAS;
+MTPCLI_BLAS, MTPCLI_BLAS_SKIP): README.md, CPU speed on Linux."""
 
 from __future__ import annotations
 

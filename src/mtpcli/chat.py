@@ -1,11 +1,5 @@
-"""`mtpcli chat`: a conversation with the models loaded once. Each line of stdin is a turn (a terminal or a pipe
-alike); a turn is `generate` on the whole conversation (generate.run, the models kept in models.KEPT), its answer
-streamed to stdout. Ctrl-C ends the answer being written, not the session.
-
-Each model's prefill state stays in memory (prefix.MEMORY): after an answer, the conversation so far is prefilled to
-its last chunk boundary (generate.run, `assemble.warm`), so the next turn prefills from there: the tokens past that
-boundary (fewer than --prefill-step) and its new message. A state kept only at chunk boundaries is what a cold
-prefill of the whole transcript computes, bit for bit (prefix.py), so the answers are a cold run's."""
+"""`mtpcli chat`: a turn per line of stdin through generate.run, the models loaded once (models.KEPT) and
+each model's prefill kept in memory at the last chunk boundary (prefix.MEMORY); README.md, Conversations."""
 
 from __future__ import annotations
 

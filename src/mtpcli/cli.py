@@ -82,7 +82,6 @@ def generate(
     **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
-    from . import conversation
     from . import generate as gen
     from . import prompts, runlog
     from .distributed import refuse_stdin
@@ -90,8 +89,8 @@ def generate(
     if text is not None and prompt is not None:
         raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt, not both")
     prompt = prompts.valid_text(text if prompt is None else prompt, "--prompt" if prompt is not None else "PROMPT")
-    cfg = _checked_system(config.resolve(profile or _global["profile"], flags))
-    cfg, conv = conversation.begin(cfg, go_on, conversation_id, save, not no_log)
+    cfg, conv, argv = _start(profile, flags, go_on, conversation_id, save, no_log, log_prompts,
+                             (prompt, flags.get("system"), separator))
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), *(prompts_jsonl or [])])
@@ -99,10 +98,8 @@ def generate(
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     if conv is not None and (not single or num_completions > 1):
         raise UsageError("a conversation (-c, --conversation, --save) goes on with one prompt and one completion")
-    argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (prompt, flags.get("system"), separator))
     opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
-                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts,
-                       conversation=conv)
+                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts, conversation=conv)
     raise typer.Exit(gen.run(cfg, items, opts))
 
 
@@ -121,21 +118,22 @@ def chat(
     Commands: /stats (the last turn's statistics), /reset (a new conversation), /save (keep it for `generate -c`; the
     later turns too), /quit. A chat with -c or --conversation keeps its turns from the start."""
     from . import chat as chat_loop
-    from . import conversation, runlog
+    from . import runlog
 
-    cfg = _checked_system(config.resolve(profile or _global["profile"], flags))
-    cfg, conv = conversation.begin(cfg, go_on, conversation_id, False, not no_log)
-    argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], (flags.get("system"),))
+    cfg, conv, argv = _start(profile, flags, go_on, conversation_id, False, no_log, log_prompts, (flags.get("system"),))
     raise typer.Exit(chat_loop.loop(cfg, conv, tuple(argv), not no_log and not runlog.disabled(), log_prompts))
 
 
-def _checked_system(cfg: config.Config) -> config.Config:
-    """CFG with its system message's surrogates replaced (with the warning naming where it came from)."""
-    from . import prompts
+def _start(profile, flags, go_on, ident, save, no_log, log_prompts, texts):
+    """generate's and chat's settings (the system message's surrogates replaced, with a warning naming where it came
+    from), conversation (conversation.begin) and command line as the run log keeps it (TEXTS redacted)."""
+    from . import conversation, prompts, runlog
 
+    cfg = config.resolve(profile or _global["profile"], flags)
     if (system := prompts.valid_text(cfg.system, cfg.where("system"))) != cfg.system:
         cfg = dataclasses.replace(cfg, system=system)
-    return cfg
+    cfg, conv = conversation.begin(cfg, go_on, ident, save, not no_log)
+    return cfg, conv, sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], texts)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -184,22 +182,11 @@ def stats(
     (decode_tps) is committed tokens per second of decode time after the prompt, as in `mtpcli bench`."""
     if yes and not clear:
         raise UsageError("--yes confirms --clear, and there is no --clear")
-    if conversations or conversation_id:
-        from . import conversation
-
-        others = {"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
-                  "--profile": profile, "--file": file, "--plot": plot, "--clear": clear, "--export": export}
-        if bad := next((f for f, v in others.items() if v), None):
-            raise UsageError(f"{bad} and --conversations together: the conversations' view takes only --json")
-        return conversation.show(conversation_id, as_json)
     from . import report
 
-    if model:  # logged as models.canonical names it: a folder by its absolute path
-        from .models import canonical
-
-        model = canonical(model)
     report.show(last=last, by=by, compare=compare, since=since, model=model, profile=profile, file=file, plot=plot,
-                as_json=as_json, export=export, run=run,
+                as_json=as_json, export=export, run=run, conversations=bool(conversations or conversation_id),
+                conversation_id=conversation_id,
                 clear=(lambda: _confirm(yes, "--clear", "Delete every record in the run log?")) if clear else None)
 
 
@@ -251,9 +238,7 @@ def profile_validate(names: Optional[List[str]] = typer.Argument(None, help="Nam
 @profile_app.command("path")
 def profile_path():
     """Where profiles and the default-profile setting live."""
-    print(f"shipped: {config.SHIPPED_DIR}")
-    print(f"user:    {config.user_dir()}")
-    print(f"config:  {config.config_file()}")
+    print(f"shipped: {config.SHIPPED_DIR}\nuser:    {config.user_dir()}\nconfig:  {config.config_file()}")
 
 
 @app.command("bench")
@@ -292,10 +277,9 @@ def bench_cmd(
         check_writable("--out", out)
         refuse_overwrite("--out", out, (prompts or "").split(","))
     result = b.bench(task=task, model=model, draft_model=flags.pop("draft_model"), draft=flags.pop("draft"),
-                     profile_names=profile_names, seeds=seeds, prompt_source=prompts,
-                     max_tokens=max_tokens, prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags,
-                     argv=sys.argv[1:], log=not runlog.disabled() and not no_log,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     profile_names=profile_names, seeds=seeds, prompt_source=prompts, max_tokens=max_tokens,
+                     prompt_tokens=prompt_tokens, baselines=baseline or [], flags=flags, argv=sys.argv[1:],
+                     log=not runlog.disabled() and not no_log, progress=lambda m: print(m, file=sys.stderr, flush=True))
     try:
         if out:  # first: a reader that closes stdout early loses no file
             write_file("--out", out, json.dumps(result, indent=1))

@@ -1,7 +1,5 @@
-"""Settings: ONE schema (the fields of `Config`), TOML profiles, precedence flag > env > profile > default.
-`resolve` turns flags, the environment and a profile into a frozen `Config`, deciding every default that needs no
-model; `settle` decides, once the target is loaded, what depends on it (the draft sources the run has, the one
-source of a pinned width). The rest of the code reads attributes of the result."""
+"""Settings: ONE schema (the fields of `Config`), TOML profiles, precedence flag > env > profile > default;
+`resolve` decides every default that needs no model, `settle` what depends on the loaded target (the sources)."""
 
 from __future__ import annotations
 
@@ -37,13 +35,9 @@ BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0"
 
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
-    def check(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return False
-        if lo is not None and (v < lo or (lo_open and v == lo)):
-            return False
-        return not (hi is not None and (v > hi or (hi_open and v == hi)))
-    return check
+    """A finite value in [lo, hi] (an open end leaves its bound out; None: no bound)."""
+    return lambda v: not (isinstance(v, float) and not math.isfinite(v)) and \
+        (lo is None or v > lo or v == lo and not lo_open) and (hi is None or v < hi or v == hi and not hi_open)
 
 
 def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
@@ -83,8 +77,7 @@ class Config:
                     "likely tokens) verified in one target pass, exact at every temperature. A node budget per cycle, "
                     "auto (a tree where its expected tokens per second beat the chain's) or off.",
                     lambda v: v in ("off", "auto") or (re.fullmatch("[0-9]+", v) and 2 <= int(v) <= 64),
-                    "off, auto or 2..64",
-                    "--spec-tree")
+                    "off, auto or 2..64", "--spec-tree")
     tree_children: int = key(3, "Most children per node of a draft tree.", _rng(2, 8), "2..8", "--spec-tree-children")
     adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
                          flag="--spec-draft-adaptive")

@@ -1,16 +1,6 @@
-"""Output constrained by a JSON schema or a Lark grammar (llguidance's matcher): what each position may hold.
-
-The law under a constraint samples the target's p restricted to the allowed tokens and renormalised: the logits of
-the tokens the matcher forbids are set to -inf BEFORE `sampling.shaped`, so temperature, top-k, top-p and min-p shape
-the restricted distribution (the order llama.cpp and vLLM use). Every position of a cycle is masked by the matcher's
-state after the tokens before it on its own path: the draft's q along the draft (`Guide.along`), the target's p at
-draft position i after the first i drafts, a tree's node after its ancestors (`Guide.masks`). The matcher walks a
-draft and rolls back; it keeps only committed tokens (`Guide.commit`). Where the constraint forces a row's next bytes
-(a key, the punctuation between values), their tokens are drafted without a model (`Guide.forced`): a deterministic
-draft, accepted with the restricted p of each token, which is 1 where it is the one token allowed (a byte string may
-have other tokenizations). The model's EOS is allowed only where the matcher accepts (the value is complete). A JSON
-schema's answer is one line, spaced as json.dumps writes it (COMPACT).
-"""
+"""Output constrained by a JSON schema or a Lark grammar (llguidance's matcher): what each position may hold. The
+law under it (logits masked before `sampling.shaped`, each position after its own path, forced tokens): README.md,
+Constrained output."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Conversations: the turns of `generate --save / -c / --conversation ID` and of `mtpcli chat` (after /save), kept
-in the run log beside its runs (tables conversations and turns, made on first use: an older log gains them). Their
-text is kept because the user asked to go on with them; a single prompt stays a hash (runlog). A turn is appended in
-one transaction, so concurrent `-c` on one conversation lose none (each turn sees the turns kept before it began)."""
+"""Conversations (`generate --save / -c / --conversation`, chat's /save): their turns beside the runs in the run
+log, one transaction a turn (README.md, Conversations)."""
 
 from __future__ import annotations
 
@@ -53,10 +51,7 @@ def _open(create: bool) -> sqlite3.Connection:
     path = runlog.log_path()
     if not create and not path.is_file():
         raise UsageError(f"no run log at {path} (nothing logged yet, or deleted), so no conversations; {START}")
-    try:  # the run log's own check and mode, with these tables besides
-        return runlog.open_db(path, runlog.SCHEMA + SCHEMA, "runs", create, mode=0o600)
-    except (sqlite3.DatabaseError, OSError) as e:
-        raise UsageError(runlog.problem("run log", path, e)) from None
+    return runlog._connect(path, create, runlog.SCHEMA + SCHEMA)  # the run log's own check and mode, these tables too
 
 
 def _write(conv: Conversation, turns: list[tuple[str, str]], run: int | None) -> int:
@@ -80,11 +75,9 @@ def _read(sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         con.row_factory = sqlite3.Row
         try:
             return con.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as e:
-            if "no such table" in str(e):
-                return []
-            raise UsageError(runlog.problem("run log", path, e)) from None
         except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError) and "no such table" in str(e):
+                return []
             raise UsageError(runlog.problem("run log", path, e)) from None
 
 

@@ -1,7 +1,5 @@
-"""`mtpcli generate`: requests -> engine -> writers. One prompt is a batch of one; -n N is N requests of one prompt
-(prefilled once); several prompts are decoded together, up to --batch-size rows, refilled as they finish. A prompt
-that cannot be used fails its own row. `run` reads as the steps: the group, the models, the requests, the settled
-configuration, the engine, the decoding, the record, the report, the run log."""
+"""`mtpcli generate`: requests -> engine -> writers. `run` reads as the steps: the group, the models, the requests, the
+settled configuration, the engine, the decoding, the record, the report, the run log."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""GGUF -> mlx-lm folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) for llama, qwen2
-and gemma3: dequantizes every quant type through the `gguf` package, undoes llama.cpp's changes (the llama family's
-q/k row permutation, Gemma's 1+w norm weights), and rebuilds the tokenizer from the GGUF metadata without torch."""
+"""GGUF -> mlx-lm folder for llama, qwen2 and gemma3 (README.md, Models): every quant type through the `gguf` package,
+llama.cpp's changes undone (the llama q/k row permutation, Gemma's 1+w norms), the tokenizer rebuilt without torch."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The history store: what earlier runs produced, kept for the history drafter (opt-in: `--history`).
-
-One SQLite file beside the run log (history.sqlite, WAL). A document is one completion's output ids (its prompt's
-too only under --log-prompts), keyed by a hash of the tokenizer's vocabulary so one tokenizer's ids never draft for
-another's. A run reads its tokenizer's documents once, appends its own in one transaction at the end (concurrent
-runs lose nothing), then drops the oldest documents of every tokenizer until the store is under its cap. An
-unreadable store, or another program's SQLite file, is left untouched (one warning, the run goes on without it), a
-row that holds no token ids is skipped (one warning names it); an unwritable store (a full disk) loses only this
-run's documents, with a warning."""
+"""The history store the history drafter drafts from (`--history`): one SQLite file beside the run log, its
+documents keyed by the tokenizer's vocabulary, capped oldest first; a store it cannot read or write costs a warning,
+never the run (docs/guide.md, The history)."""
 
 from __future__ import annotations
 

@@ -107,8 +107,7 @@ def hub_download(name: str) -> Path:
     constants.HF_HUB_OFFLINE, was = False, constants.HF_HUB_OFFLINE
     get_session().timeout = HUB_TIMEOUT  # (its own default is none: an unreachable host would hang, not fail)
     try:
-        return Path(snapshot_download(name, allow_patterns=DEFAULT_ALLOW_PATTERNS,
-                                     etag_timeout=HUB_TIMEOUT))
+        return Path(snapshot_download(name, allow_patterns=DEFAULT_ALLOW_PATTERNS, etag_timeout=HUB_TIMEOUT))
     except Exception as e:  # noqa: BLE001 - connection, HTTP, disk: the user needs one line
         cause = e.__cause__ or e.__context__ or e  # (a connection error is raised as "not in the cache", from it)
         if isinstance(e, GatedRepoError) or isinstance(cause, GatedRepoError):
@@ -164,8 +163,7 @@ def load(name: str, role: str = "model", lazy: bool = False, tokenizer=None) -> 
         model, config = load_model(target, lazy) if spec is None else \
             load_model(target, lazy, get_model_classes=classes)
     except Exception as e:  # noqa: BLE001 - the loader raises many kinds; the user needs one line
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ModelError(f"cannot load {role} '{name}': {msg}") from None
+        raise ModelError(f"cannot load {role} '{name}': {_first_line(e)}") from None
     return Loaded(model, tokenizer, Path(target), name, config, spec)
 
 
@@ -309,7 +307,7 @@ def _tokenizer_fault(path: Path, e: Exception) -> str:
             return f"not valid JSON: {bad}"
         if not (isinstance(doc, dict) and "model" in doc):
             return "no \"model\" in it: not a tokenizer.json of the Hugging Face tokenizers library"
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return _first_line(e)
 
 
 def check_weights(folder: Path, config: dict) -> None:

@@ -1,12 +1,6 @@
-"""Native multi-token-prediction (MTP) heads: find them in a checkpoint, build them beside the mlx-lm model.
-
-Two layouts (key names as in the public checkpoints and vLLM's loaders; NAMES maps them): DeepSeek-V3's extra layer
-`model.layers.{num_hidden_layers}`, which feeds the next depth its layer output before `shared_head.norm`; and
-Qwen3-Next / Qwen3.5's `mtp.*` around `mtp.layers.0` (a full-attention decoder layer), with the model's own LM head,
-which feeds back the output of `mtp.norm` and stores RMSNorm weights zero-centred (1 + w: shifted exactly when
-mlx-lm shifted the main model's). A head normalises the target's last hidden state h_t and the next token's
-embedding, projects [embedding, hidden] 2H -> H, runs its decoder layer (own KV cache) and the LM head: logits for
-x_{t+2}. `strip_sanitize` makes mlx-lm's loader drop these weights for every layout (strict loads)."""
+"""Native multi-token-prediction (MTP) heads: find them in a checkpoint, build them beside the mlx-lm model. The two
+layouts (DeepSeek-V3's extra layer, Qwen3-Next / Qwen3.5's `mtp.*`; NAMES maps their keys) and what a head computes:
+docs/guide.md, `--draft mtp`. `strip_sanitize` makes mlx-lm's loader drop these weights (strict loads)."""
 
 from __future__ import annotations
 

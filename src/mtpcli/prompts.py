@@ -1,7 +1,5 @@
-"""The one prompt reader: --prompt, stdin, --prompt-file (files; folders give their *.txt files, recursively,
-sorted), --prompts-jsonl, bench prompt sets. A prompt that cannot be used fails its own item (`error`; with one
-prompt the caller makes that a usage error). Non-UTF-8 bytes are replaced, with a warning. Files are read in chunks
-up to MAX_BYTES (so that a signal ends the read of an endless one)."""
+"""The one prompt reader (flags, stdin, files, folders, JSONL, bench sets): a prompt that cannot be used fails its own
+item; non-UTF-8 bytes replaced with a warning; files read in chunks up to MAX_BYTES (a signal ends an endless one)."""
 
 from __future__ import annotations
 

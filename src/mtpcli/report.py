@@ -104,16 +104,18 @@ def run_title(record: dict | None, stats: dict[str, Any], fallback: str) -> str:
 
 
 def show(*, last=None, by=None, compare=None, since=None, model=None, profile=None, file=None, plot=None,
-         as_json=False, export=None, run=None, clear=None) -> None:
-    """`mtpcli stats`: one view of the run log (or of a --stats-json file) on stdout. --last N keeps the N most
-    recent runs (alone: their table; with --by or --compare: the view over them); --run ID picks one run for the
-    full view and --plot; --clear (`clear`: the confirmation to ask first) deletes every record, with no view; any
-    combination no view can honour is refused, naming the flags."""
+         as_json=False, export=None, run=None, clear=None, conversations=False, conversation_id=None) -> None:
+    """`mtpcli stats`: one view of the run log (a --stats-json file, the conversations) on stdout; any combination
+    of flags no view can honour is refused, naming them (_refuse). `clear`: the confirmation to ask first."""
     from . import runlog
 
     _refuse({"--last": last, "--by": by, "--compare": compare, "--run": run, "--since": since, "--model": model,
-             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--export": export,
-             "--clear": clear})
+             "--profile": profile, "--file": file, "--plot": plot, "--json": as_json, "--clear": clear,
+             "--export": export, "--conversations": conversations})
+    if conversations:
+        from . import conversation
+
+        return conversation.show(conversation_id, as_json)
     if clear:
         clear()
         print(f"deleted {runlog.clear()} records from {runlog.log_path()}", file=sys.stderr)
@@ -132,6 +134,10 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
             kind = "null" if doc is None else type(doc).__name__
             raise UsageError(f"--file {file}: not a run's statistics (a JSON {kind})")
         return _show_run(doc, as_json, plot, run_title(None, doc, file), f"--file {file}")
+    if model:  # logged as models.canonical names it: a folder by its absolute path
+        from .models import canonical
+
+        model = canonical(model)
     records = runlog.query(last=last, since=parse_since(since) if since else None, model=model, profile=profile)
     if not records:
         raise UsageError(f"the run log {runlog.log_path()} has no matching runs")
@@ -171,9 +177,11 @@ def show(*, last=None, by=None, compare=None, since=None, model=None, profile=No
 
 def _refuse(given: dict[str, Any]) -> None:
     """The first combination of `stats` flags given that no view can honour, refused naming both."""
-    views = [f for f in given if f != "--clear"]
+    views = [f for f in given if f not in ("--clear", "--conversations")]
     one_run = "--plot draws one run: the last (alone) or the one --run ID names; `stats --last N` lists the ids"
     for a, b, why in [
+        *[(f, "--conversations", "the conversations' view takes only --json") for f in given if f not in (
+            "--json", "--conversations")],
         *[("--clear", f, "--clear deletes every record and shows nothing") for f in views],
         *[("--file", f, "--file renders one statistics file, not the run log") for f in (
             "--last", "--by", "--compare", "--since", "--model", "--profile", "--export", "--run")],
@@ -204,9 +212,8 @@ def _compare(records: list[dict], compare: list[str], name) -> tuple[dict, list[
 
 
 def _show_run(doc: dict, as_json: bool, plot_path: str | None, title: str, name: str) -> None:
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise UsageError(f"{name}: not a run's statistics (no {missing[0]})")
+    if missing := next((k for k in REQUIRED if k not in doc), None):
+        raise UsageError(f"{name}: not a run's statistics (no {missing})")
     if as_json:
         print(json.dumps(doc))
     else:

@@ -161,11 +161,12 @@ def problem(what: str, path: Path, e: Exception) -> str:
     return str(e) if isinstance(e, UsageError) else f"{what} {path}: {getattr(e, 'strerror', None) or e}"
 
 
-def _connect(path: Path, create: bool) -> sqlite3.Connection:
+def _connect(path: Path, create: bool, schema: str = SCHEMA) -> sqlite3.Connection:
+    """The run log (`schema`: its tables, with the conversations' where they are read), its faults a UsageError."""
     if not create and not path.exists():
         raise UsageError(f"no run log yet at {path} (run `mtpcli generate` first)")
     try:  # (a new file readable by its owner only, as the history store: commands, settings, statistics)
-        return open_db(path, SCHEMA, "runs", create, mode=0o600)
+        return open_db(path, schema, "runs", create, mode=0o600)
     except (sqlite3.DatabaseError, OSError) as e:
         raise UsageError(problem("run log", path, e)) from None
 

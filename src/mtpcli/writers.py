@@ -1,7 +1,5 @@
-"""The writers of `mtpcli generate`: completions in input order. Text streams the first unfinished completion as it
-is committed and prints the later ones whole when their turn comes (joined by --separator); jsonl prints a row per
-completion as soon as every earlier row is out; json one document at the end (the front end writes it). And the
-result files of every command (--stats-json, bench --out, stats --plot): checked before the work, written whole."""
+"""The writers of `mtpcli generate`: completions in input order (text streamed, jsonl a row as its turn comes, json
+at the end), and every command's result files, checked before the work and written whole."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""`mtpcli launch`: MLX's own launcher (`mlx.launch`), run as it ships in a subprocess, starts the same command on
-every rank; each rank runs under `rank.py`, which reports how it ended. `mtpcli launch` exits with the worst rank's
-status (mlx.launch itself exits 0 when a rank fails) and one line names that rank."""
+"""`mtpcli launch`: `mlx.launch` as it ships, in a subprocess, each rank under `rank.py`, which reports how it ended;
+the worst rank's status, one line naming that rank (README.md, Several machines; mlx.launch exits 0 when one fails)."""
 
 from __future__ import annotations
 

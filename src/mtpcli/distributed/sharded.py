@@ -1,7 +1,5 @@
-"""A target sharded over the group (tensor: mlx-lm's sharded_load; pipeline: its stages): the drafter runs on rank 0,
-the verify pass on every rank, and rank 0 decides the verdict. `Peer` sends ONE message a cycle beyond the model's
-own collectives: the last cycle's verdict with the next cycle's drafts (the verdict alone before a prefill, so that
-every rank prefills the same rows). Plain decoding needs none: rank 0's token is broadcast inside each step's graph."""
+"""A target sharded over the group (tensor: mlx-lm's sharded_load; pipeline: its stages); `Peer`'s ONE message a
+cycle (the last verdict with the next drafts; the verdict alone before a prefill): docs/guide.md, Several machines."""
 
 from __future__ import annotations
 
