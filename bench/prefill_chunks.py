@@ -89,7 +89,7 @@ def main() -> None:
             t = time.perf_counter()
             lm.set_row(0, prompt)
             cost[s].append((time.perf_counter() - t) / len(prompt) * 1000)
-    for s in steps:
+    for s in steps if args.rounds else ():
         print(f"cold prefill of {len(prompt)} tokens in chunks of {s}: ms a token "
               f"{sorted(round(x, 2) for x in cost[s])}, median {np.median(cost[s]):.2f}", flush=True)
 
