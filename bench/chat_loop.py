@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft-model", help="the draft model's folder (without it, the default drafts without one)")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--ttft-only", action="store_true", help="only the -c and cold arms (time to first token)")
     ap.add_argument("--out")
     args = ap.parse_args()
     try:
@@ -82,29 +83,31 @@ def main() -> None:
                             "cached": doc["prompt_cached_tokens"], "text": out.strip()}
                 print(f"turn {k + 1} {arm}: {wall:.1f} s, ttft {doc['ttft_s']:.2f} s", file=sys.stderr, flush=True)
             turns.append(row)
-        wall, out = run(mtpcli + ["chat", *flags], env_for(homes["chat"]), "/save\n" + "\n".join(prompts) + "\n")
-        with sqlite3.connect(homes["chat"] / "data" / "mtpcli" / "runs.sqlite") as con:
-            chat_runs = [json.loads(s) for (s,) in con.execute("SELECT stats FROM runs ORDER BY id")]
-            answers = [a for (a,) in con.execute("SELECT answer FROM turns ORDER BY id")]
-        chat = {"wall_s": wall, "ttft_s": [r["ttft_s"] for r in chat_runs],
-                "cached": [r["prompt_cached_tokens"] for r in chat_runs],
-                "same_text": answers == [t["c"]["text"] for t in turns]}
-        print(f"chat: {wall:.1f} s", file=sys.stderr, flush=True)
-        from transformers import AutoTokenizer
+        chat, mlx, lib = {}, [], next((p for _, p in candidates()), None)
+        if not args.ttft_only:
+            wall, out = run(mtpcli + ["chat", *flags], env_for(homes["chat"]), "/save\n" + "\n".join(prompts) + "\n")
+            with sqlite3.connect(homes["chat"] / "data" / "mtpcli" / "runs.sqlite") as con:
+                chat_runs = [json.loads(s) for (s,) in con.execute("SELECT stats FROM runs ORDER BY id")]
+                answers = [a for (a,) in con.execute("SELECT answer FROM turns ORDER BY id")]
+            chat = {"wall_s": wall, "ttft_s": [r["ttft_s"] for r in chat_runs],
+                    "cached": [r["prompt_cached_tokens"] for r in chat_runs],
+                    "same_text": answers == [t["c"]["text"] for t in turns]}
+            print(f"chat: {wall:.1f} s", file=sys.stderr, flush=True)
+            from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(args.model)
-        lib = next((p for _, p in candidates()), None)
-        mlx_env = env_for(homes["mlx"], {"LD_PRELOAD": lib} if lib else {})
-        messages, mlx = [], []
-        for k, p in enumerate(prompts):
-            messages.append({"role": "user", "content": p})
-            transcript = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            wall, out = run([sys.executable, "-m", "mlx_lm", "generate", "--model", args.model, "--prompt", "-",
-                             "--max-tokens", str(args.max_tokens), "--temp", "0.0", "--ignore-chat-template"],
-                            mlx_env, transcript)
-            mlx.append({"wall_s": wall, "text": out.split("=" * 10)[1].strip() if out.count("=" * 10) >= 2 else ""})
-            print(f"turn {k + 1} mlx-lm: {wall:.1f} s", file=sys.stderr, flush=True)
-            messages.append({"role": "assistant", "content": turns[k]["c"]["text"]})
+            tok = AutoTokenizer.from_pretrained(args.model)
+            mlx_env = env_for(homes["mlx"], {"LD_PRELOAD": lib} if lib else {})
+            messages = []
+            for k, p in enumerate(prompts):
+                messages.append({"role": "user", "content": p})
+                transcript = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                wall, out = run([sys.executable, "-m", "mlx_lm", "generate", "--model", args.model, "--prompt", "-",
+                                 "--max-tokens", str(args.max_tokens), "--temp", "0.0", "--ignore-chat-template"],
+                                mlx_env, transcript)
+                answer = out.split("=" * 10)[1].strip() if out.count("=" * 10) >= 2 else ""
+                mlx.append({"wall_s": wall, "text": answer})
+                print(f"turn {k + 1} mlx-lm: {wall:.1f} s", file=sys.stderr, flush=True)
+                messages.append({"role": "assistant", "content": turns[k]["c"]["text"]})
     doc = {"config": {"model": args.model, "draft_model": args.draft_model, "max_tokens": args.max_tokens,
                       "prefix": f"{PREFIX_COMMIT}:{PREFIX_FILE}", "blas": lib, "command": sys.argv},
            "turns": turns, "chat": chat, "mlx_lm": mlx,
@@ -116,9 +119,11 @@ def main() -> None:
               f" (ttft {t['c']['ttft_s']:.2f}), cold {t['cold']['wall_s']:.1f} s (ttft {t['cold']['ttft_s']:.2f}): "
               f"ttft x{t['cold']['ttft_s'] / t['c']['ttft_s']:.1f}")
     loop = sum(m["wall_s"] for m in mlx)
-    print(f"chat {chat['wall_s']:.1f} s (ttft {', '.join(f'{x:.2f}' for x in chat['ttft_s'])}); mlx-lm per turn "
-          f"{loop:.1f} s: x{loop / chat['wall_s']:.2f}; -c loop {sum(t['c']['wall_s'] for t in turns):.1f} s, cold "
+    print(f"-c loop {sum(t['c']['wall_s'] for t in turns):.1f} s, cold "
           f"{sum(t['cold']['wall_s'] for t in turns):.1f} s; the same text -c and cold: {doc['same_text']}")
+    if chat:
+        print(f"chat {chat['wall_s']:.1f} s (ttft {', '.join(f'{x:.2f}' for x in chat['ttft_s'])}); mlx-lm per turn "
+              f"{loop:.1f} s: x{loop / chat['wall_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ class Config:
                                 "(exact: the law samples the target restricted to what the schema allows).")
     json: bool = key(False, "Constrain the answer to any JSON value (a schema of true).")
     grammar: Optional[str] = key(None, "Constrain the answer to a grammar: a file in llguidance's Lark syntax.")
-    prefill_step: int = key(128, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
+    prefill_step: int = key(64, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
                             ">= 1")
     prefill_cache: bool = key(True, "Keep each prompt's prefill (the target's and the draft model's) on disk "
                               "($XDG_CACHE_HOME/mtpcli/prefill/) and resume from the longest kept prefix of a later "
