@@ -33,7 +33,9 @@ from .controller import Plan, WidthPolicy
 from .costs import Costs, CostFit
 from .stop import EDGE, Stop, logit, shifted
 
-SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift
+SHIFT_SD = 2.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift (1.0
+# kept a source that the kept shift calls good drafting wide through 5 failures in a row: issue 58)
+PROBE_WIDTH = 2  # a probe drafts at most this many tokens
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
 CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by this at every later token
 CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
@@ -170,15 +172,18 @@ class AutoPolicy(WidthPolicy):
         caught = {s: self._catch_up(s, scores, contexts, left) for s in self.prefills}
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = scores[(source, k)] / len(contexts)  # the best a row expects: tokens per second
-        lacking = [s for s in self.sources if self.drafted[s] < 3] if self.tick >= self.probe else []
+        lacking, probe = [s for s in self.sources if self.drafted[s] < 3] if self.tick >= self.probe else [], []
         if self.follow or lacking:  # a probe, after 8 cycles, then 16, 32, ...: a source drafted less than 3 times in
             # this run drafts its best plan two cycles in a row (the first catches up on what it missed, the second's
             # cost is measured), so that a table measured on a busy machine cannot keep it idle for good
-            want = [self.follow] if self.follow else lacking
-            source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
+            want = [self.follow] if self.follow else lacking  # (at most PROBE_WIDTH tokens where it is not the
+            if source not in want:  # best plan anyway: a source the table calls poor is tried cheaply)
+                probe = [sk for sk in scores if sk[0] in want and sk[1] <= PROBE_WIDTH]
+                source, k = max(probe, key=scores.get, default=(source, k))
+        widest = min(self.widest.get(source, self.n_max), PROBE_WIDTH if probe else self.n_max)
         self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
-        self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
-                         self.stop(source) if stops else None, functools.partial(self.costs.time, source))
+        self.last = Plan(source, widest if stops else k, self.stop(source) if stops else None,
+                         functools.partial(self.costs.time, source))
         return self.last
 
     def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:
