@@ -78,17 +78,18 @@ class AutoPolicy(WidthPolicy):
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
                  stops: Sequence[str] = (), rebase: int = 0, prefills: Sequence[str] = (),
-                 backlog: Callable[[str, list], list[int] | None] = lambda s, c: None):
+                 backlog: Callable[[str, list], list[int] | None] = lambda s, c: None,
+                 ends: Sequence[int] = ()):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then decides
         by it as a kept table would, and from its `rebase`-th cycle on, if set, by what it has measured, as the next
         run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under
         n_max; `stops`: the sources whose drafts stop themselves (`stop`), asked for their widest draft;
         `prefills`: the sources that come in only where their catch-up pays, `backlog(source, contexts)` the tokens
-        each row would prefill now."""
+        each row would prefill now; `ends`: the tokens that end a row (a draft that stops itself stops after one)."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops, self.batch, self.key = set(stops), batch, ""
-        self.prefills, self.backlog, self.caught = set(prefills), backlog, 0
+        self.prefills, self.backlog, self.caught, self.ends = set(prefills), backlog, 0, frozenset(ends)
         self.use(costs, warm)
 
     def use(self, costs: Costs, warm: bool) -> None:
@@ -221,7 +222,7 @@ class AutoPolicy(WidthPolicy):
     def stop(self, source: str) -> Stop:
         """Where a draft of `source` stops (stop.Stop): at the run's best rate, each row shifted by its fit for it."""
         return Stop.of(self.costs, source, self.widest.get(source, self.n_max), self.rate,
-                       [self.shift(source, b) for b in range(self.batch)])
+                       [self.shift(source, b) for b in range(self.batch)], self.ends)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,
