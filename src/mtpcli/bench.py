@@ -69,8 +69,9 @@ def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, 
             ends.append(time.perf_counter())
         if r.finish_reason:
             break
-    if last_draft_run:
+    if last_draft_run:  # (its last cycle ended in drafted tokens: an end token, or the limit)
         st.record_cycle(width, last_draft_run, last_draft_run, "mlx-lm")
+        ends.append(time.perf_counter())
     # mlx-lm's prompt time runs to its first token, so it holds the first cycle (a speculative one: up to width + 1
     # tokens): decode time, as mtpcli's, priced as the median of the cycles after it (issue 58)
     if len(ends) > 1:
