@@ -207,7 +207,7 @@ def run_one(r: dict, arm: str, tokens: int, seed: int, costs: dict, variant=None
         if source == "model" and k > 0:
             n = k
             if fixed is None and stops:  # the in-draft stop, as drafters.autoregress applies it
-                rule = Rule([k], greedy, stop=pol.stop("model"))
+                rule = Rule([k], greedy, stop=plan.stop)
                 for j in range(k):
                     rule.weigh(j, [qmax[t + j]])
                     if rule.lengths[0] <= j + 1:
@@ -281,6 +281,12 @@ class Gate:
 def kept(args) -> tuple[dict, dict]:
     """The kept tables a warm run decides with: (greedy, sampled)."""
     tables = [json.load(open(args.costs)), json.load(open(args.costs_sampled)) if args.costs_sampled else None]
+    for t in filter(None, tables):  # (the kept tables predate `runs`, and kept an acceptance per position: its
+        t.setdefault("runs", 1)  # mean over the tokens tested there, as one figure)
+        for s, rates in t.get("accept", {}).items():
+            if len(rates) != 2 or "visits" in t:
+                n = t["visits"][s]
+                t["accept"][s] = [sum(a * v for a, v in zip(rates, n)) / sum(n), sum(n)]
     if args.concave:  # as a warm run reads a table an earlier version kept: its verification concave (issue 58)
         from mtpcli.assemble import _kept
         tables = [t if t is None else _kept(t).to_dict() for t in tables]

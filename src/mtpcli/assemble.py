@@ -156,7 +156,7 @@ def auto_policy(cfg: Config, target: models.Loaded, draft: models.Loaded | None,
     stops = [n for n, d in drafter.sources.items() if d.stops]  # the draft model, MTP heads
     prefills = [n for n, d in drafter.sources.items() if d.defer]  # a deferred draft model
     return AutoPolicy(names, cfg.n_max, prior, drafter.available_of, widest=dict(cfg.widest), stops=stops,
-                      rebase=rebase, prefills=prefills, backlog=drafter.backlogs)
+                      rebase=rebase, prefills=prefills, backlog=drafter.backlogs, ends=target.tokenizer.eos_token_ids)
 
 
 def costs_key(cfg: Config, batch_size: int) -> str:

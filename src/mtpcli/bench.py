@@ -53,7 +53,7 @@ def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, 
     sampler = make_sampler(temp=cfg.temp, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p)
     st = RunStats(prompt_tokens=len(prompt), prefill_tokens=len(prompt))
     t0 = time.perf_counter()
-    tokens, last_draft_run = [], 0
+    tokens, last_draft_run, ends = [], 0, []
     kw = dict(draft_model=draft.model, num_draft_tokens=width) if draft is not None else {}
     for r in stream_generate(target.model, target.tokenizer, mx.array(prompt), max_tokens=max_tokens,
                              sampler=sampler, **kw):
@@ -66,10 +66,16 @@ def run_mlx_lm(cfg: config.Config, target, draft, prompt: list[int], seed: int, 
         else:  # a target token ends a cycle: the drafts before it were accepted
             st.record_cycle(width if draft is not None else 0, last_draft_run, last_draft_run + 1, "mlx-lm")
             last_draft_run = 0
+            ends.append(time.perf_counter())
         if r.finish_reason:
             break
-    if last_draft_run:
+    if last_draft_run:  # (its last cycle ended in drafted tokens: an end token, or the limit)
         st.record_cycle(width, last_draft_run, last_draft_run, "mlx-lm")
+        ends.append(time.perf_counter())
+    # mlx-lm's prompt time runs to its first token, so it holds the first cycle (a speculative one: up to width + 1
+    # tokens): decode time, as mtpcli's, priced as the median of the cycles after it (issue 58)
+    if len(ends) > 1:
+        st.prefill_s = max(st.prefill_s - statistics.median(b - a for a, b in zip(ends, ends[1:])), 0.0)
     st.decode_s = max(time.perf_counter() - t0 - st.prefill_s, 1e-9)  # decode time after the prompt, as mtpcli's
     st.peak_memory_bytes = mx.get_peak_memory()
     return st, tokens

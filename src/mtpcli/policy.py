@@ -33,7 +33,9 @@ from .controller import Plan, WidthPolicy
 from .costs import Costs, CostFit
 from .stop import EDGE, Stop, logit, shifted
 
-SHIFT_SD = 1.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift
+SHIFT_SD = 2.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift (1.0
+# kept a source that the kept shift calls good drafting wide through 5 failures in a row: issue 58)
+PROBE_WIDTH = 2  # a probe drafts at most this many tokens
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
 CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by this at every later token
 CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
@@ -76,17 +78,18 @@ class AutoPolicy(WidthPolicy):
                  available: Callable[[str, list, int], list | None] = lambda s, c, k: None,
                  batch: int = 1, warm: bool = False, widest: dict[str, int] | None = None,
                  stops: Sequence[str] = (), rebase: int = 0, prefills: Sequence[str] = (),
-                 backlog: Callable[[str, list], list[int] | None] = lambda s, c: None):
+                 backlog: Callable[[str, list], list[int] | None] = lambda s, c: None,
+                 ends: Sequence[int] = ()):
         """`costs`: a kept table (warm, in seconds) or a prior in units of a plain step (a cold run then decides
         by it as a kept table would, and from its `rebase`-th cycle on, if set, by what it has measured, as the next
         run will, its plain step timed first where it has not taken 3); `widest`: a source's widest draft under
         n_max; `stops`: the sources whose drafts stop themselves (`stop`), asked for their widest draft;
         `prefills`: the sources that come in only where their catch-up pays, `backlog(source, contexts)` the tokens
-        each row would prefill now."""
+        each row would prefill now; `ends`: the tokens that end a row (a draft that stops itself stops after one)."""
         self.sources, self.n_max, self.available, self.rebase = list(sources), n_max, available, rebase
         self.widest = {s: min(n_max, w) for s, w in (widest or {}).items()}
         self.stops, self.batch, self.key = set(stops), batch, ""
-        self.prefills, self.backlog, self.caught = set(prefills), backlog, 0
+        self.prefills, self.backlog, self.caught, self.ends = set(prefills), backlog, 0, frozenset(ends)
         self.use(costs, warm)
 
     def use(self, costs: Costs, warm: bool) -> None:
@@ -170,15 +173,18 @@ class AutoPolicy(WidthPolicy):
         caught = {s: self._catch_up(s, scores, contexts, left) for s in self.prefills}
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = scores[(source, k)] / len(contexts)  # the best a row expects: tokens per second
-        lacking = [s for s in self.sources if self.drafted[s] < 3] if self.tick >= self.probe else []
+        lacking, probe = [s for s in self.sources if self.drafted[s] < 3] if self.tick >= self.probe else [], []
         if self.follow or lacking:  # a probe, after 8 cycles, then 16, 32, ...: a source drafted less than 3 times in
             # this run drafts its best plan two cycles in a row (the first catches up on what it missed, the second's
             # cost is measured), so that a table measured on a busy machine cannot keep it idle for good
-            want = [self.follow] if self.follow else lacking
-            source, k = max((sk for sk in scores if sk[0] in want), key=scores.get, default=(source, k))
+            want = [self.follow] if self.follow else lacking  # (at most PROBE_WIDTH tokens where it is not the
+            if source not in want:  # best plan anyway: a source the table calls poor is tried cheaply)
+                probe = [sk for sk in scores if sk[0] in want and sk[1] <= PROBE_WIDTH]
+                source, k = max(probe, key=scores.get, default=(source, k))
+        widest = min(self.widest.get(source, self.n_max), PROBE_WIDTH if probe else self.n_max)
         self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
-        self.last = Plan(source, self.widest.get(source, self.n_max) if stops else k,
-                         self.stop(source) if stops else None, functools.partial(self.costs.time, source))
+        self.last = Plan(source, widest if stops else k, self.stop(source) if stops else None,
+                         functools.partial(self.costs.time, source))
         return self.last
 
     def _catch_up(self, source: str, scores: dict, contexts: list, left: Sequence[int] | None) -> int:
@@ -216,7 +222,7 @@ class AutoPolicy(WidthPolicy):
     def stop(self, source: str) -> Stop:
         """Where a draft of `source` stops (stop.Stop): at the run's best rate, each row shifted by its fit for it."""
         return Stop.of(self.costs, source, self.widest.get(source, self.n_max), self.rate,
-                       [self.shift(source, b) for b in range(self.batch)])
+                       [self.shift(source, b) for b in range(self.batch)], self.ends)
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int], seconds: float | None = None,
                source: str | None = None, requested: Sequence[int] | None = None,

@@ -43,9 +43,11 @@ class Stop:
     keep: float = 0.0
     go_on: float = 0.0
     shifts: Sequence[float] = ()
+    ends: frozenset[int] = frozenset()  # tokens that end a row (EOS): a row that drafts one drafts no further
 
     @staticmethod
-    def of(costs: Costs, source: str, widest: int, rate: float, shifts: Sequence[float]) -> Stop:
+    def of(costs: Costs, source: str, widest: int, rate: float, shifts: Sequence[float],
+           ends: frozenset[int] = frozenset()) -> Stop:
         """Keep a drawn token while the chance that the whole draft passes is worth its verification at `rate` (the
         run's best per row), draw another while it is worth a draft step too."""
         step, per = costs.step, costs.per_token
@@ -53,7 +55,7 @@ class Stop:
         cost = per.get(source, step) + check  # (verify 0: in per_token, priced by lookup's)
         verify = check if costs.verify else min(per.get("ngram", 0.1 * step), cost)
         rate = max(rate, 1.0 / step)
-        return Stop(min(0.95, verify * rate), min(0.95, cost * rate), tuple(shifts))
+        return Stop(min(0.95, verify * rate), min(0.95, cost * rate), tuple(shifts), ends)
 
 
 class Rule:
@@ -65,6 +67,13 @@ class Rule:
         self.stop, self.greedy, self.p_min = stop or Stop(), greedy, p_min
         self.lengths, self.chance, self.raw = list(caps), [1.0] * len(caps), [[] for _ in caps]
         self.weighs = p_min > 0.0 or self.stop.keep > 0.0 or self.stop.go_on > 0.0
+
+    def drawn(self, j: int, tokens: list[int]) -> None:
+        """Depth j drew these tokens (a row each): a row that drew an end keeps it and stops (what it would draft
+        after it is never committed; a short answer's last cycle paid up to n_max - 1 such tokens: issue 58)."""
+        for b, t in enumerate(tokens):
+            if t in self.stop.ends and j < self.lengths[b]:
+                self.lengths[b] = j + 1
 
     def weigh(self, j: int, confs: list[float]) -> None:
         """Depth j was drawn from distributions whose most likely tokens have these probabilities (a row each)."""

@@ -76,6 +76,8 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
             rule.weigh(j, conf.max(axis=-1).tolist())
             if max(lengths) <= j:
                 break
+        if rule.stop.ends:
+            rule.drawn(j, t.tolist())
         tokens.append(t)
         mx.async_eval(t)
         if max(lengths) <= j + 1:

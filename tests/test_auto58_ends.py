@@ -1,0 +1,74 @@
+"""Issue 58, short answers: a draft that stops itself stops after an end token (EOS). Nothing drafted after it is
+ever committed, so a short answer's last cycle paid up to n_max - 1 wasted draft steps and their verification (the
+real pair: a 0.5B draft token ~a third of a plain step). Where it stops depends on the draft's own draws only."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtpcli.costs import Costs
+from mtpcli.drafters import autoregress
+from mtpcli.policy import AutoPolicy
+from mtpcli.sampling import SamplingParams
+from mtpcli.stop import Rule, Stop
+from stattools import fits
+
+import helpers
+from helpers import N, target_marginals
+
+V, END = 8, 5
+
+
+def steps(path):
+    """A draft that draws `path`, one token a call, sure of each (the stop's own rule goes on)."""
+    calls = []
+
+    def step(t):
+        calls.append(t)
+        logits = np.full((1, V), -10.0, dtype=np.float32)
+        logits[0, path[len(calls) - 1]] = 10.0
+        return mx.array(logits)
+    return step, calls
+
+
+def test_a_draft_stops_after_it_draws_an_end_token_and_not_before():
+    go = Stop(0.01, 0.01, (0.0,), frozenset([END]))
+    step, calls = steps([1, 2, END, 3, 4, 6])
+    d = autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=go)
+    assert d.lengths == [3] and d.tokens.tolist() == [[1, 2, END]] and len(calls) == 3  # (was 6 draft steps)
+    step, calls = steps([1, 2, END, 3, 4, 6])
+    d = autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=Stop(0.01, 0.01, (0.0,)))
+    assert d.lengths == [6] and len(calls) == 6  # without ends: as before
+    step, calls = steps([1, 2, 3, 4, 6, 7])
+    assert autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=go).lengths == [6]
+
+
+def test_autos_stop_carries_the_targets_end_tokens():
+    p = AutoPolicy(["model"], 6, Costs(1.0, {"model": 0.1}, accept={"model": [0.9, 1e4]}), warm=True,
+                   stops=["model"], ends=[END, 7])
+    plan = p.plan([[0]])
+    assert helpers.source_width(plan) == ("model", 6) and plan.stop.ends == {END, 7}
+
+
+@pytest.mark.slow
+def test_auto_whose_drafts_stop_after_an_end_token_is_distributed_as_the_target(tiny, monkeypatch):
+    """Half the vocabulary made end tokens for the draft's stop (the run's own end: none), so that drafts stop after
+    one often: the first two tokens still follow the target's law (chi-square)."""
+    from test_auto import BOTH, auto_engine, run
+
+    cut, drawn = [], Rule.drawn
+
+    def counted(self, j, tokens):  # the rows a drawn end token stops short of their length
+        cut.extend(b for b, t in enumerate(tokens) if t in self.stop.ends and j + 1 < self.lengths[b])
+        drawn(self, j, tokens)
+    monkeypatch.setattr(Rule, "drawn", counted)
+    sp = SamplingParams(temp=1.0)
+    target, _ = tiny
+    ids = list(target.tokenizer.encode("abcabcabcabc"))
+    eng = auto_engine(tiny, BOTH, sp, batch_size=250)
+    eng.policy.ends = frozenset(range(0, 1 << 20, 2))
+    arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
+    assert eng.stats.sources["model"].drafted > 300 and len(cut) > 100  # the model drafted, and stopped at ends
+    p1, p2 = target_marginals(target, ids, sp)
+    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
+    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
