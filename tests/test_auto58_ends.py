@@ -36,11 +36,21 @@ def test_a_draft_stops_after_it_draws_an_end_token_and_not_before():
     step, calls = steps([1, 2, END, 3, 4, 6])
     d = autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=go)
     assert d.lengths == [3] and d.tokens.tolist() == [[1, 2, END]] and len(calls) == 3  # (was 6 draft steps)
+    assert d.requested == [3]  # (an end asks for nothing past it: a full accept is censored, not a cut short)
     step, calls = steps([1, 2, END, 3, 4, 6])
     d = autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=Stop(0.01, 0.01, (0.0,)))
     assert d.lengths == [6] and len(calls) == 6  # without ends: as before
     step, calls = steps([1, 2, 3, 4, 6, 7])
     assert autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=go).lengths == [6]
+
+
+def test_a_fully_accepted_draft_that_ended_at_an_end_token_is_not_counted_a_rejection():
+    p = AutoPolicy(["model"], 6, Costs(1.0, {"model": 0.1}), stops=["model"], ends=[END])
+    step, _ = steps([1, 2, END, 3, 4, 6])
+    d = autoregress(step, [6], SamplingParams(temp=0.0), [None], stop=Stop(0.01, 0.01, (0.0,), frozenset([END])))
+    before = list(p.seen["model"])
+    p.update(d.lengths, d.lengths, 0.01, "model", d.requested)  # (the engine passes the draft's requested)
+    assert [a - b for a, b in zip(p.seen["model"], before)] == [3, 3]  # 3 of 3 tested passed, none failed past the end
 
 
 def test_autos_stop_carries_the_targets_end_tokens():

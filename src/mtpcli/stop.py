@@ -66,6 +66,7 @@ class Rule:
     def __init__(self, caps: list[int], greedy: bool, p_min: float = 0.0, stop: Stop | None = None):
         self.stop, self.greedy, self.p_min = stop or Stop(), greedy, p_min
         self.lengths, self.chance, self.raw = list(caps), [1.0] * len(caps), [[] for _ in caps]
+        self.asked = list(caps)  # what each row was asked for: an end lowers it (nothing past an end is untested)
         self.weighs = p_min > 0.0 or self.stop.keep > 0.0 or self.stop.go_on > 0.0
 
     def drawn(self, j: int, tokens: list[int]) -> None:
@@ -73,7 +74,7 @@ class Rule:
         after it is never committed; a short answer's last cycle paid up to n_max - 1 such tokens: issue 58)."""
         for b, t in enumerate(tokens):
             if t in self.stop.ends and j < self.lengths[b]:
-                self.lengths[b] = j + 1
+                self.lengths[b] = self.asked[b] = j + 1
 
     def weigh(self, j: int, confs: list[float]) -> None:
         """Depth j was drawn from distributions whose most likely tokens have these probabilities (a row each)."""

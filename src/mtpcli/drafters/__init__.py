@@ -87,7 +87,7 @@ def autoregress(step: Callable[[mx.array | None], mx.array], caps: list[int], sp
     if not tokens:
         return empty(caps)
     q = mx.stack(qs[: len(tokens)], axis=1) if qs else None
-    return Draft(mx.stack(tokens, axis=1), q, lengths, list(caps), rule.chances())
+    return Draft(mx.stack(tokens, axis=1), q, lengths, rule.asked, rule.chances())
 
 
 def with_forced(draft: Draft, forced: list[list[int]]) -> Draft:
