@@ -65,8 +65,9 @@ def siblings(chain: Draft, sp: SamplingParams, keys: list, spec: Spec, cost) -> 
     """The chain, and siblings at its least sure positions (where the draft's most likely token is least
     probable), spec.children - 1 at most per position and spec.nodes in all: at T = 0 the draft's next most likely
     tokens, at T > 0 drawn without replacement from its q (Gumbel-top-k), each with the proposal it was drawn
-    from (q without the tokens before it). Where siblings go depends on the chain's q, never on their tokens;
-    so does whether the tree pays (tree = auto), decided before any sibling is drawn."""
+    from (q without the tokens before it). Where siblings go depends on the chain's q and lengths (an end
+    token cuts a chain: its own draw), never on the siblings' tokens; so does whether the tree pays (tree = auto),
+    decided before any sibling is drawn."""
     if not chain.k:
         return chain
     q, V, c = chain.q, chain.q.shape[-1], spec.children - 1
