@@ -66,7 +66,7 @@ class Rule:
     def __init__(self, caps: list[int], greedy: bool, p_min: float = 0.0, stop: Stop | None = None):
         self.stop, self.greedy, self.p_min = stop or Stop(), greedy, p_min
         self.lengths, self.chance, self.raw = list(caps), [1.0] * len(caps), [[] for _ in caps]
-        self.asked = list(caps)  # what each row was asked for: an end lowers it (nothing past an end is untested)
+        self.asked = list(caps)  # what each row was asked for: an end lowers it (nothing past an end was tested)
         self.weighs = p_min > 0.0 or self.stop.keep > 0.0 or self.stop.go_on > 0.0
 
     def drawn(self, j: int, tokens: list[int]) -> None:
