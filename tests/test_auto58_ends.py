@@ -60,18 +60,18 @@ def test_autos_stop_carries_the_targets_end_tokens():
     assert helpers.source_width(plan) == ("model", 6) and plan.stop.ends == {END, 7}
 
 
-@pytest.mark.slow
-def test_auto_whose_drafts_stop_after_an_end_token_is_distributed_as_the_target(tiny, monkeypatch):
-    """Half the vocabulary made end tokens for the draft's stop (the run's own end: none), so that drafts stop after
-    one often: the first two tokens still follow the target's law (chi-square)."""
+def _first_two_with_ends(tiny, monkeypatch, law):
+    """The first two tokens' counts of N runs of auto at T = 1 whose draft model's stop takes half the vocabulary for
+    end tokens (the run's own end: none), a drawn end handled by `law` (Rule.drawn's signature), and the target's
+    marginals."""
     from test_auto import BOTH, auto_engine, run
 
-    cut, drawn = [], Rule.drawn
+    cut = []
 
-    def counted(self, j, tokens):  # the rows a drawn end token stops short of their length
+    def drawn(self, j, tokens):  # the rows a drawn end token stops short of their length
         cut.extend(b for b, t in enumerate(tokens) if t in self.stop.ends and j + 1 < self.lengths[b])
-        drawn(self, j, tokens)
-    monkeypatch.setattr(Rule, "drawn", counted)
+        law(self, j, tokens)
+    monkeypatch.setattr(Rule, "drawn", drawn)
     sp = SamplingParams(temp=1.0)
     target, _ = tiny
     ids = list(target.tokenizer.encode("abcabcabcabc"))
@@ -80,5 +80,23 @@ def test_auto_whose_drafts_stop_after_an_end_token_is_distributed_as_the_target(
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     assert eng.stats.sources["model"].drafted > 300 and len(cut) > 100  # the model drafted, and stopped at ends
     p1, p2 = target_marginals(target, ids, sp)
-    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
-    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+    return [np.bincount(arr[:, i], minlength=len(p1)) for i in (0, 1)], (p1, p2)
+
+
+@pytest.mark.slow
+def test_auto_whose_drafts_stop_after_an_end_token_is_distributed_as_the_target(tiny, monkeypatch):
+    """Drafts stop after a drawn end token (Rule.drawn): the first two tokens still follow the target's law."""
+    (c1, c2), (p1, p2) = _first_two_with_ends(tiny, monkeypatch, Rule.drawn)
+    assert fits(c1, p1) and fits(c2, p2)
+
+
+@pytest.mark.slow
+def test_negative_control_a_draft_that_drops_the_end_token_it_drew_is_not_the_target(tiny, monkeypatch):
+    """Stopping BEFORE the drawn end (its length then depends on the token it would draft): the kept drafts are q
+    restricted to non-ends, judged as q's, and the law breaks."""
+    def before(self, j, tokens):
+        for b, t in enumerate(tokens):
+            if t in self.stop.ends and j < self.lengths[b]:
+                self.lengths[b] = self.asked[b] = j
+    (c1, c2), (p1, p2) = _first_two_with_ends(tiny, monkeypatch, before)
+    assert not (fits(c1, p1) and fits(c2, p2))
