@@ -100,3 +100,32 @@ def test_negative_control_a_draft_that_drops_the_end_token_it_drew_is_not_the_ta
                 self.lengths[b] = self.asked[b] = j
     (c1, c2), (p1, p2) = _first_two_with_ends(tiny, monkeypatch, before)
     assert not (fits(c1, p1) and fits(c2, p2))
+
+
+@pytest.mark.parametrize("kind", ["full-attention", "sliding-window", "hybrid"])
+def test_auto_greedy_with_end_tokens_is_token_identical_to_plain_decoding(tiny, tmp_path, kind, monkeypatch):
+    """End tokens taken from the target's and the draft model's own greedy answers (so that the run ends early and
+    drafts draw ends), auto's draft model stopping after a drawn one: the same tokens as plain decoding with the same ends."""
+    from test_auto import BOTH, run
+
+    from mtpcli import models
+    from mtpcli.drafters.auto import AutoDrafter
+    from mtpcli.drafters.model import ModelDrafter
+    from mtpcli.drafters.ngram import NgramDrafter
+    from mtpcli.engine import DecodeConfig, Engine
+    from tiny import make_target
+
+    target, draft = tiny
+    if kind != "full-attention":
+        target = models.load(str(make_target(kind, tmp_path)))
+    ids = list(target.tokenizer.encode("abcabcabcabc"))
+    free, drafts = (run(Engine(m.model, None, None, (), DecodeConfig()), ids, max_tokens=60)[0] for m in (target, draft))
+    ends = tuple(sorted({*free[20:22], *drafts[8:10]}))  # (tokens both draw late: the answer ends at their first)
+    plain = run(Engine(target.model, None, None, ends, DecodeConfig()), ids, max_tokens=60)
+    drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "model": ModelDrafter(draft.model)})
+    policy = AutoPolicy(["ngram", "model"], 4, BOTH, drafter.available_of, warm=True, stops=["model"], ends=ends)
+    eng = Engine(target.model, drafter, policy, ends, DecodeConfig())
+    drew, drawn = [], Rule.drawn
+    monkeypatch.setattr(Rule, "drawn", lambda self, j, ts: (drew.extend(t for t in ts if t in ends), drawn(self, j, ts)))
+    assert run(eng, ids, max_tokens=60) == plain and len(plain[0]) < 60  # (it ended at an end token)
+    assert eng.stats.drafted > 0 and drew  # (a draft drew an end and stopped there)
