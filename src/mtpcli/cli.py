@@ -286,8 +286,10 @@ def bench_cmd(
     finally:  # the table, whether or not the file could be written
         print(json.dumps(result)) if as_json else b.render(result)
     if stop := result.get("interrupted"):  # (after what finished is out)
-        print(f"mtpcli: bench stopped after {stop['runs']} of {stop['of']} runs; the table, --out and the run log "
-              "hold those", file=sys.stderr)
+        q = result.get("task") or {}
+        print(f"mtpcli: bench stopped after {stop['runs']} of {stop['of']} runs"
+              + f", {q.get('checked')} of {q.get('of')} checks" * (q.get("checked") != q.get("of"))
+              + "; the table, --out and the run log hold those", file=sys.stderr)
         raise typer.Exit(EXIT_TERMINATED if stop["terminated"] else EXIT_INTERRUPTED)
 
 

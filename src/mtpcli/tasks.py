@@ -204,7 +204,8 @@ def paired(first: dict, other: dict) -> dict[str, Any]:
 
 def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[dict]]], chat: bool,
           limits: Limits = Limits(), progress=None) -> dict[str, Any]:
-    """Check every arm's outputs (each gets `passed` and `check`) and score the arms.
+    """Check every arm's outputs (each gets `passed` and `check`) and score the arms. Ctrl-C or SIGTERM while checking
+    ends the checks: the ones that ended are scored (`checked` of `of`; `stopped`: the interrupt's args).
 
     Args:
         name: the task as --task named it.
@@ -216,10 +217,16 @@ def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[
     outputs = [o for _, _, outs in arms for o in outs]
     if progress:
         progress(f"checking {len(outputs)} completions ({FORMATS[chat].split(':')[0]}), each in its own process")
+    stopped = None
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = pool.map(lambda o: check(program(by_id[o["prompt"]], o["text"], chat), limits), outputs)
-        for o, result in zip(outputs, results):
-            o["check"], o["passed"] = result, result == "passed"
+        try:
+            for o, result in zip(outputs, results):
+                o["check"], o["passed"] = result, result == "passed"
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM while checking: the checks that ended are scored
+            pool.shutdown(wait=False, cancel_futures=True)
+            stopped = e.args
+    arms = [(arm, temp, [o for o in outs if "passed" in o]) for arm, temp, outs in arms]
     passed = {arm: {(o["prompt"], o["seed"]): o["passed"] for o in outs} for arm, _, outs in arms}
     texts = {arm: {(o["prompt"], o["seed"]): o["text"] for o in outs} for arm, _, outs in arms}
     first = arms[0][0]
@@ -235,7 +242,8 @@ def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[
             "interval": "Wilson 95%", "paired_test": "exact McNemar (two-sided) on the pairs of the same problem "
                                                       "and seed", "arms": scored, "greedy_arms": greedy,
             "greedy_identical": all(texts[g][key] == texts[greedy[0]].get(key) for g in greedy for key in texts[g])
-            if len(greedy) > 1 else None}
+            if len(greedy) > 1 else None, "checked": sum(len(outs) for *_, outs in arms), "of": len(outputs),
+            **({"stopped": stopped} if stopped is not None else {})}
 
 
 def render(result: dict[str, Any]) -> None:
