@@ -212,7 +212,7 @@ def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (defau
     for key in SCHEMA:
         v = getattr(cfg, key)
         line = f"# {key}: unset" if v is None else tomli_w.dumps({key: v}).strip()
-        print(f"{line:<40} # {cfg.origins[key]}" if origin else line)
+        print(f"{line:<40} # {cfg.where(key)}" if origin else line)
 
 
 @profile_app.command("use")

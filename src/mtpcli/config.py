@@ -36,8 +36,13 @@ BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0"
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
     """A finite value in [lo, hi] (an open end leaves its bound out; None: no bound)."""
-    return lambda v: not (isinstance(v, float) and not math.isfinite(v)) and \
-        (lo is None or v > lo or v == lo and not lo_open) and (hi is None or v < hi or v == hi and not hi_open)
+    def check(v) -> bool:
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        above = lo is None or v > lo or (v == lo and not lo_open)
+        below = hi is None or v < hi or (v == hi and not hi_open)
+        return above and below
+    return check
 
 
 def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
