@@ -1,14 +1,5 @@
-"""DFlash block drafters (z-lab, 2026: dflash/model.py, and its MLX port model_mlx.py): a few Qwen3 layers that draft a
-whole block in ONE pass, reading the target's own hidden states and sharing its embedding and LM head.
-
-Layout (config.json: block_size, dflash_config.{mask_token_id, target_layer_ids}, each read from either place; weights
-fc, hidden_norm, norm, layers.N.* of a Qwen3 decoder layer): the outputs of the target layers `target_layer_ids` (by
-default spread from layer 1 to L - 3) are joined and projected, ctx = hidden_norm(fc(states)), one entry per committed
-token but the newest. Each layer injects ctx as keys and values before the block's own (k_norm(k_proj(ctx)),
-v_proj(ctx), at the tokens' positions, kept in a cache); the block is [the newest token, mask x (block_size - 1)] at the
-positions that follow, attending to all of the context and to the whole block (no causal mask). Slot k of norm(x),
-through the target's LM head, is the distribution of the token k places after the newest; the slots are drawn
-independently."""
+"""DFlash block drafters (z-lab, 2026): a few Qwen3 layers that draft a whole block in ONE pass from the target's
+own hidden states, sharing its embedding and LM head. The layout this reads: docs/heads.md."""
 
 from __future__ import annotations
 

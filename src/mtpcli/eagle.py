@@ -1,12 +1,5 @@
 """EAGLE-3 draft heads (Li et al., 2025): one decoder layer over the target's own hidden states, built beside it.
-
-The published layout (SafeAILab/EAGLE eagle/model/cnets.py, SpecForge's llama3_eagle.py; `layers.0.` for the
-Speculators export's `midlayer.`): `fc` projects the outputs of three target layers (low, middle, high; by default
-layers 1, L/2 - 1 and L - 4, or the config's eagle_config.eagle_aux_hidden_state_layer_ids) to the head's width;
-the layer reads [input_layernorm(embedding of x_{t+1}), hidden_norm(h_t)] (2H wide: q/k/v take 2H), adds its
-attention to h_t (or to hidden_norm(h_t) with norm_before_residual) and runs its MLP; `norm` and its own `lm_head`
-give logits over a reduced vocabulary, draft id i being target id i + d2t[i]. Deeper drafts feed the layer's
-output (before `norm`) back in place of fc's. The embedding is the target's unless the checkpoint has its own."""
+The published layout this reads: docs/heads.md."""
 
 from __future__ import annotations
 
