@@ -66,22 +66,12 @@ def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile
 
 
 # generate's and chat's own options, one declaration each (their values: _start's)
-PROFILE = {"profile": (Optional[str], typer.Option(None, "--profile", rich_help_panel="Model",
-                                                   help="Profile (overrides the default profile)."))}
+PROFILE = {"profile": (Optional[str], typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."))}
 TURNS = {
-    "no_log": (bool, typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run (chat: its "
-                                  "turns) to the run log (also MTPCLI_NO_LOG=1).")),
-    "log_prompts": (bool, typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text "
-                                       "(chat: each turn's) and the whole command line in the run log (default: a hash "
-                                       "of the prompts, and the command line with the prompt, --system and --separator "
-                                       "texts as <redacted>), and the prompts' token ids in the history store with "
-                                       "--history.")),
-    "go_on": (bool, typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Continue the last "
-                                 "conversation: its turns and the prompt go through the chat template, and this turn "
-                                 "is kept with them.")),
-    "conversation_id": (Optional[int], typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt",
-                                                    help="Continue conversation ID (`mtpcli stats --conversations` "
-                                                    "lists them).")),
+    "no_log": (bool, typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run (chat: its turns) to the run log (also MTPCLI_NO_LOG=1).")),
+    "log_prompts": (bool, typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text (chat: each turn's) and the whole command line in the run log (default: a hash of the prompts, and the command line with the prompt, --system and --separator texts as <redacted>), and the prompts' token ids in the history store with --history.")),
+    "go_on": (bool, typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Continue the last conversation: its turns and the prompt go through the chat template, and this turn is kept with them.")),
+    "conversation_id": (Optional[int], typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt", help="Continue conversation ID (`mtpcli stats --conversations` lists them).")),
 }
 
 
