@@ -126,8 +126,7 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     if fc_in != len(taps) * target_hidden:
         raise ModelError(f"{where} is made for another target: its fc reads {fc_in} values per position, "
                          f"{len(taps)} layers of this target give {len(taps)} x {target_hidden}")
-    if any(not 0 <= i < len(layers) for i in taps):
-        raise ModelError(f"{where} reads target layers {list(taps)}; this target has {len(layers)} layers")
+    check_taps(taps, len(layers), where)
     vocab = config.get("vocab_size", target_vocab)
     if vocab != target_vocab:
         raise ModelError(f"{where} is made for another target: its vocabulary has {vocab} tokens, the target's "
@@ -155,17 +154,27 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     except TypeError as e:
         raise ModelError(f"{where}: its config.json lacks a layer field ({e})") from None
     head = Head(args, fc_in, draft_vocab, own_embed, bool(config.get("norm_before_residual", False)))
-    try:
-        head.load_weights([(k, v) for k, v in w.items() if k not in ("d2t", "t2d")], strict=True)
-    except ValueError as e:
-        raise ModelError(f"{where} does not match its config.json: {e}") from None
-    if mx.default_device() == mx.cpu:
-        head.set_dtype(mx.float32)  # (half precision is slow on a CPU)
-    mx.eval(head.parameters())
-    head.eval()
+    fitted(head, {k: v for k, v in w.items() if k not in ("d2t", "t2d")}, where)
     head.io.embed = None if own_embed else split_model(target_model)[0].embed_tokens
     head.io.to_target, head.io.taps = to_target, taps
     return head
+
+
+def check_taps(taps, layers: int, where: str) -> None:
+    if any(not 0 <= i < layers for i in taps):
+        raise ModelError(f"{where} reads target layers {list(taps)}; this target has {layers} layers")
+
+
+def fitted(model, w: dict, where: str) -> None:
+    """A head's weights W loaded (strict: a mismatch is one line), float32 on a CPU (half is slow there), evaluated."""
+    try:
+        model.load_weights(list(w.items()), strict=True)
+    except ValueError as e:
+        raise ModelError(f"{where} does not match its config.json: {e}") from None
+    if mx.default_device() == mx.cpu:
+        model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    model.eval()
 
 
 def _width(model) -> int:
