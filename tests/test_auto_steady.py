@@ -11,7 +11,7 @@ from mtpcli.drafters import Draft
 from mtpcli.drafters.auto import AutoDrafter
 from mtpcli.policy import AutoPolicy
 from mtpcli.sampling import SamplingParams
-from stattools import fits
+from stattools import fit_two
 
 import helpers
 from helpers import N, target_marginals
@@ -102,8 +102,7 @@ def sampled_pairs(tiny, sp, drafter_cls=AutoDrafter, nodes=8):
     eng = auto_engine(tiny, CONCAVE, sp, batch_size=250, drafter_cls=drafter_cls, nodes=nodes)
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
-    return eng, fits(np.bincount(arr[:, 0], minlength=len(p1)), p1), fits(np.bincount(arr[:, 1], minlength=len(p1)),
-                                                                          p2)
+    return eng, *fit_two(arr[:, 0], arr[:, 1], p1, p2)
 
 
 @pytest.mark.slow
