@@ -1,5 +1,10 @@
-"""What the tests share: the exact distribution of the first two tokens, an engine run gathered per request, and the
-negative controls (a rejection resampled from p instead of the residual; a draft of q's argmaxes judged as drawn)."""
+"""What the tests share: the exact distribution of the first two tokens, an engine run gathered per request, the
+negative controls (a rejection resampled from p instead of the residual; a draft of q's argmaxes judged as drawn), and
+the subprocess tests' look at their processes (Linux /proc) and their signal sent mid-output."""
+
+import os
+import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -102,3 +107,44 @@ def resampled_from_p(p, q, draft, keys, lengths=None, exact=verify.exact):
 def source_width(plan):
     """A plan's source and width (what a policy's test asserts; its stop is the stop rule's)."""
     return plan.source, plan.width
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), nearest first."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                kids.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        out += kids.get(todo[0], [])
+        todo += kids.get(todo.pop(0), [])
+    return out
+
+
+def rank_of(pid: int) -> int | None:
+    """The MLX rank a process runs as (its MLX_RANK), None if it has none or is gone."""
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
+
+
+def signalled(p, sig, n: int = 20, seconds: float = 60) -> tuple[bytes, bytes, bytes]:
+    """Send SIG to the process P once its stdout gave N bytes (or SECONDS passed): (what came before, the rest of
+    stdout, stderr); P is killed if it is still there after that."""
+    try:
+        os.set_blocking(p.stdout.fileno(), False)
+        got, deadline = b"", time.time() + seconds
+        while len(got) < n and time.time() < deadline:
+            got += p.stdout.read() or b""
+            time.sleep(0.05)
+        p.send_signal(sig)
+        return (got, *p.communicate(timeout=60))
+    finally:
+        if p.poll() is None:
+            p.kill()

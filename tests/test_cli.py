@@ -1,15 +1,14 @@
 """`mtpcli generate` as a shell user meets it: stdout, stderr, exit codes, bad input."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from mtpcli.generate import TYPICAL_TAG
+from helpers import signalled
 
 
 @pytest.fixture
@@ -183,14 +182,7 @@ def test_ctrl_c_prints_what_was_committed_then_stats_exit_130(tiny_paths):
     p = subprocess.Popen([sys.executable, "-m", "mtpcli", "generate", "--model", str(tiny_paths["target"]),
                           "--max-tokens", "100000", "--no-chat", "--no-log", "--prompt", "abc"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    os.set_blocking(p.stdout.fileno(), False)
-    got = b""
-    deadline = time.time() + 60
-    while len(got) < 20 and time.time() < deadline:
-        got += p.stdout.read() or b""
-        time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    got, out, err = signalled(p, signal.SIGINT)
     assert p.returncode == 130
     err = err.decode()
     assert "Traceback" not in err and "interrupted after" in err and "generated_tokens:" in err

@@ -20,7 +20,7 @@ from mtpcli.engine import Request
 from mtpcli.sampling import SamplingParams
 from stattools import fit_two
 
-from helpers import run, target_marginals
+from helpers import descendants, rank_of, run, target_marginals
 
 HERE = Path(__file__).parent
 PROMPTS = [("the sea is ", 30), ("def fib(n):", 12), ("x = 1\ny = ", 25), ("abc", 40),
@@ -175,36 +175,6 @@ def test_tensor_sharded_speculation_is_distributed_as_the_target_and_a_wrong_law
         assert doc["reached"][1] > len(arr) / 4  # the second drafted position was exercised
         verdicts.append(all(fit_two(arr[:, 0], arr[:, 1], p1, p2)))
     assert verdicts == [True, False]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, nearest first."""
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop(0))
-        out += kids
-        todo += kids
-    return out
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def rank_of(pid: int) -> int | None:
-    try:
-        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
 
 
 @pytest.mark.slow
