@@ -62,6 +62,19 @@ def collect(loaded, drafter, controller, eos, prompt, n=1, batch_size=1, max_tok
     return run(eng, copies(list(loaded.tokenizer.encode(prompt)), n, max_tokens, seed)), eng
 
 
+def plain(loaded, prompt, max_tokens):
+    """The tokens of `prompt` decoded plainly (no draft): what a greedy speculative run must give."""
+    return collect(loaded, NoDraft(), FixedWidth(0), (), prompt, max_tokens=max_tokens)[0][0]
+
+
+def loaded(paths):
+    """(the target, its --draft-model: a model or a trained head) loaded from a pair of folders."""
+    from mtpcli import models
+
+    target = models.load(str(paths[0]))
+    return target, models.load_draft(str(paths[1]), target)
+
+
 def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, batch_size=1, **cfg):
     """`collect` on the tiny pair: `draft` True (the draft model), "ngram" or False (plain), at a fixed width
     unless `controller`; eos None: the tokenizer's."""
