@@ -10,6 +10,9 @@ import pytest
 from mtpcli.generate import TYPICAL_TAG
 from helpers import signalled
 
+STATS = ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate", "tokens_per_cycle",
+         "accept_by_position", "accept_length_hist", "draft_width_hist", "prefill_tps", "decode_tps", "ttft_s")
+
 
 @pytest.fixture
 def gen(cli, tiny_paths):
@@ -34,10 +37,8 @@ def test_stdout_carries_only_text_and_stats_go_to_stderr(gen, tiny_paths):
     plain = gen("--draft", "none", "--no-chat")
     assert r.stdout == plain.stdout  # greedy: speculative output identical to plain decoding
     err = r.stderr.decode()
-    for key in ("prompt_tokens:", "generated_tokens:", "cycles:", "drafted:", "accepted:", "acceptance_rate:",
-                "tokens_per_cycle:", "accept_by_position:", "accept_length_hist:", "draft_width_hist:",
-                "prefill_tps:", "decode_tps:", "ttft_s:", "peak_memory:"):
-        assert key in err
+    for key in (*STATS, "peak_memory"):
+        assert f"{key}:" in err
     assert "\x1b[" not in err  # no colour when stderr is not a terminal
     assert b"tokens_per_cycle" not in r.stdout
 
@@ -71,9 +72,7 @@ def test_json_and_jsonl_and_stats_json(gen, tiny_paths, tmp_path):
     assert set(doc) >= {"text", "tokens", "finish_reason", "stats", "settings"}
     assert doc["finish_reason"] in ("stop", "length") and isinstance(doc["tokens"], list)
     stats = json.loads(sj.read_text())
-    for key in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate",
-                "tokens_per_cycle", "accept_by_position", "accept_length_hist", "draft_width_hist",
-                "prefill_tps", "decode_tps", "ttft_s", "peak_memory_bytes"):
+    for key in (*STATS, "peak_memory_bytes"):
         assert key in stats
     assert stats["settings"]["law"] == "exact" and stats["settings"]["seed"] == 3
     assert stats["settings"]["draft"] == "auto" and stats["settings"]["temp"] == 1.0
