@@ -121,20 +121,21 @@ def make_target(kind: str, root: Path) -> Path:
     return make_windowed_model(root / "m") if kind == "sliding-window" else make_hybrid_model(root / "h", seed=3)
 
 
+QWEN3_NEXT = {  # a tiny Qwen3-Next: the hybrid target's, and the MTP checkpoint's below
+    "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
+    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "shared_expert_intermediate_size": 32,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "full_attention_interval": 2,
+}
+
+
 def make_hybrid_model(path: str | Path, seed: int = 0, logit_scale: float = 4.0) -> Path:
     """A tiny Qwen3-Next-style hybrid: gated-delta (recurrent) layers between attention layers."""
     from mlx_lm.models import qwen3_next
 
-    config = {
-        "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
-        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32, "mlp_only_layers": [0, 1, 2, 3], "moe_intermediate_size": 32,
-        "rms_norm_eps": 1e-6, "vocab_size": len(VOCAB), "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-        "max_position_embeddings": 256, "full_attention_interval": 2, "tie_word_embeddings": False,
-        "eos_token_id": 1,
-    }
+    config = {**QWEN3_NEXT, "mlp_only_layers": [0, 1, 2, 3], "moe_intermediate_size": 32, "vocab_size": len(VOCAB),
+              "max_position_embeddings": 256, "tie_word_embeddings": False, "eos_token_id": 1}
     return _random(qwen3_next, config, path, seed, logit_scale)
 
 
@@ -149,15 +150,7 @@ MTP_CONFIGS = {
         "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
         "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     },
-    "qwen3_next": {
-        "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
-        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "moe_intermediate_size": 16,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "full_attention_interval": 2,
-        "num_nextn_predict_layers": 1,
-    },
+    "qwen3_next": {**QWEN3_NEXT, "mlp_only_layers": [], "moe_intermediate_size": 16, "num_nextn_predict_layers": 1},
     "qwen3_5": {
         "model_type": "qwen3_5", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
