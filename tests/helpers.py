@@ -122,6 +122,28 @@ def source_width(plan):
     return plan.source, plan.width
 
 
+def planned(policy, cycles, update) -> list:
+    """The source POLICY plans for one row in each of CYCLES cycles, each followed by UPDATE(source, width)."""
+    sources = []
+    for _ in range(cycles):
+        s, k = source_width(policy.plan([[0]]))
+        sources.append(s)
+        update(s, k)
+    return sources
+
+
+def timed(fit, truth, widest, outliers=None, cycles=300) -> None:
+    """CYCLES cycles added to FIT (costs.CostFit): plain steps, lookup and the draft model in turn at random widths
+    below WIDEST (lookup's, the model's), each taking TRUTH's time with 2% noise, and with OUTLIERS (a rate) ten times
+    that: a busy machine."""
+    rng = np.random.default_rng(0)
+    for i in range(cycles):
+        lookup, model = int(rng.integers(1, widest[0])), int(rng.integers(1, widest[1]))
+        s, k = [(None, 0), ("ngram", lookup), ("model", model)][i % 3]
+        slow = 1 if outliers is None else 1 + 9 * (rng.random() < outliers)
+        fit.add(s, k, truth.time(s, k) * (1 + 0.02 * rng.standard_normal()) * slow)
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (Linux /proc), nearest first."""
     kids: dict[int, list[int]] = {}

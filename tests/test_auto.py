@@ -200,24 +200,16 @@ def test_drafted_tokens_are_counted_censored_and_a_draft_cut_short_as_rejected_w
 def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
     poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.05, 200.0]})
     p = policy(poor, NO_MATCH)
-    chosen = []
-    for _ in range(70):
-        s, k = helpers.source_width(p.plan([[0]]))
-        chosen.append(s)
-        p.update([k], [0], source=s, seconds=1.0)
+    chosen = helpers.planned(p, 70, lambda s, k: p.update([k], [0], source=s, seconds=1.0))
     # two cycles in a row after 8 and 16 (the first catches up, untimed); then it has drafted four times
     assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17]
     assert sum(map(len, p.fit.drafts["model"].values())) == 2  # the second cycle of each probe timed, not the first
-    cut, chosen = policy(poor, NO_MATCH), []  # a probe its stop cut to nothing still counts as made: the next waits
-    for i in range(20):
-        s, k = helpers.source_width(cut.plan([[0]]))
-        chosen.append(s)
-        cut.update([0], [0], source=s, requested=[k], seconds=1.0)
+    cut = policy(poor, NO_MATCH)  # a probe its stop cut to nothing still counts as made: the next waits
+    chosen = helpers.planned(cut, 20, lambda s, k: cut.update([0], [0], source=s, requested=[k], seconds=1.0))
     assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17] and cut.drafted["model"] == 0
     other = policy(poor, lambda s, c, k: [[1.0] * min(k, 2)] if s == "ngram" else None)
-    for _ in range(12):  # lookup drafting every cycle does not use up the model's probe
-        s, k = helpers.source_width(other.plan([[0]]))
-        other.update([k], [k], source=s, requested=[k])
+    # lookup drafting every cycle does not use up the model's probe
+    helpers.planned(other, 12, lambda s, k: other.update([k], [k], source=s, requested=[k]))
     assert other.drafted["model"] == 2 and other.probe == 16
     good = policy(Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.95, 200.0]}), NO_MATCH)
     for _ in range(20):  # a source that drafts anyway is never forced
@@ -233,12 +225,10 @@ def test_a_cold_run_decides_by_its_own_measurements_from_its_rebase_cycle_on():
 
     def first_run(rebase):
         p = AutoPolicy(["ngram", "model"], 4, prior, NO_MATCH, stops=[], rebase=rebase)
-        chosen = []
-        for _ in range(60):
-            s, k = helpers.source_width(p.plan([[0]]))
-            chosen.append(s)
-            p.update([k], [k], source=s, requested=[k], seconds=true.time(s, k))  # every draft passes: cost decides
-        return p, chosen
+        def every_draft_passes(s, k):  # (cost decides)
+            p.update([k], [k], source=s, requested=[k], seconds=true.time(s, k))
+
+        return p, helpers.planned(p, 60, every_draft_passes)
 
     p, chosen = first_run(32)
     assert chosen[1:32] == ["model"] * 31 and chosen[32:] == [None] * 28  # 32-34: a plain step timed, then dear
@@ -253,11 +243,7 @@ def test_cost_fit_recovers_the_costs_per_source_through_a_busy_machines_outliers
     truth = Costs(0.2, {"ngram": 0.01, "model": 0.07}, {"model": 0.1})
     for outliers in (0.0, 0.2):
         fit = CostFit(prior_costs(["ngram", "model"], {"model": 0.5}, gpu=False))
-        rng = np.random.default_rng(0)
-        for i in range(300):
-            s, k = [(None, 0), ("ngram", int(rng.integers(1, 8))), ("model", int(rng.integers(1, 6)))][i % 3]
-            slow = 1 + 9 * (rng.random() < outliers)  # now and then a cycle ten times slower: another job ran
-            fit.add(s, k, truth.time(s, k) * (1 + 0.02 * rng.standard_normal()) * slow)
+        helpers.timed(fit, truth, (8, 6), outliers)  # now and then a cycle ten times slower: another job ran
         got = fit.result()
         assert got.step == pytest.approx(0.2, rel=0.05)
         assert got.time("ngram", 1) == pytest.approx(0.21, rel=0.1) and got.time("ngram", 7) == pytest.approx(
