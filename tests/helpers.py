@@ -1,5 +1,10 @@
-"""What the tests share: the exact distribution of the first two tokens, an engine run gathered per request, and the
-negative controls (a rejection resampled from p instead of the residual; a draft of q's argmaxes judged as drawn)."""
+"""What the tests share: the exact distribution of the first two tokens, an engine run gathered per request, the
+negative controls (a rejection resampled from p instead of the residual; a draft of q's argmaxes judged as drawn), and
+the subprocess tests' look at their processes (Linux /proc) and their signal sent mid-output."""
+
+import os
+import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -57,6 +62,19 @@ def collect(loaded, drafter, controller, eos, prompt, n=1, batch_size=1, max_tok
     return run(eng, copies(list(loaded.tokenizer.encode(prompt)), n, max_tokens, seed)), eng
 
 
+def plain(loaded, prompt, max_tokens):
+    """The tokens of `prompt` decoded plainly (no draft): what a greedy speculative run must give."""
+    return collect(loaded, NoDraft(), FixedWidth(0), (), prompt, max_tokens=max_tokens)[0][0]
+
+
+def loaded(paths):
+    """(the target, its --draft-model: a model or a trained head) loaded from a pair of folders."""
+    from mtpcli import models
+
+    target = models.load(str(paths[0]))
+    return target, models.load_draft(str(paths[1]), target)
+
+
 def decode(tiny, prompt, draft=True, width=4, n=1, controller=None, p_min=0.0, eos=None, batch_size=1, **cfg):
     """`collect` on the tiny pair: `draft` True (the draft model), "ngram" or False (plain), at a fixed width
     unless `controller`; eos None: the tokenizer's."""
@@ -102,3 +120,66 @@ def resampled_from_p(p, q, draft, keys, lengths=None, exact=verify.exact):
 def source_width(plan):
     """A plan's source and width (what a policy's test asserts; its stop is the stop rule's)."""
     return plan.source, plan.width
+
+
+def planned(policy, cycles, update) -> list:
+    """The source POLICY plans for one row in each of CYCLES cycles, each followed by UPDATE(source, width)."""
+    sources = []
+    for _ in range(cycles):
+        s, k = source_width(policy.plan([[0]]))
+        sources.append(s)
+        update(s, k)
+    return sources
+
+
+def timed(fit, truth, widest, outliers=None, cycles=300) -> None:
+    """CYCLES cycles added to FIT (costs.CostFit): plain steps, lookup and the draft model in turn at random widths
+    below WIDEST (lookup's, the model's), each taking TRUTH's time with 2% noise, and with OUTLIERS (a rate) ten times
+    that: a busy machine."""
+    rng = np.random.default_rng(0)
+    for i in range(cycles):
+        lookup, model = int(rng.integers(1, widest[0])), int(rng.integers(1, widest[1]))
+        s, k = [(None, 0), ("ngram", lookup), ("model", model)][i % 3]
+        slow = 1 if outliers is None else 1 + 9 * (rng.random() < outliers)
+        fit.add(s, k, truth.time(s, k) * (1 + 0.02 * rng.standard_normal()) * slow)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), nearest first."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                kids.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        out += kids.get(todo[0], [])
+        todo += kids.get(todo.pop(0), [])
+    return out
+
+
+def rank_of(pid: int) -> int | None:
+    """The MLX rank a process runs as (its MLX_RANK), None if it has none or is gone."""
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
+
+
+def signalled(p, sig, n: int = 20, seconds: float = 60) -> tuple[bytes, bytes, bytes]:
+    """Send SIG to the process P once its stdout gave N bytes (or SECONDS passed): (what came before, the rest of
+    stdout, stderr); P is killed if it is still there after that."""
+    try:
+        os.set_blocking(p.stdout.fileno(), False)
+        got, deadline = b"", time.time() + seconds
+        while len(got) < n and time.time() < deadline:
+            got += p.stdout.read() or b""
+            time.sleep(0.05)
+        p.send_signal(sig)
+        return (got, *p.communicate(timeout=60))
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -46,3 +46,8 @@ def same(a, b, alpha: float = 1e-3) -> bool:
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     stat = ((table - expected) ** 2 / expected).sum()
     return stat < chi2_critical(max(table.shape[1] - 1, 1), alpha)
+
+
+def fit_two(first, second, p1, p2) -> tuple[bool, bool]:
+    """Whether the first and the second tokens drawn fit their exact distributions P1 and P2 (chi-square each)."""
+    return fits(np.bincount(first, minlength=len(p1)), p1), fits(np.bincount(second, minlength=len(p1)), p2)

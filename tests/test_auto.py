@@ -20,7 +20,7 @@ from mtpcli.policy import AutoPolicy, fit_shift
 from mtpcli.stop import Stop, passes, shifted
 from mtpcli.sampling import SamplingParams
 from mtpcli.tree import Spec
-from stattools import fits
+from stattools import fit_two
 import helpers
 from helpers import N, copies, target_marginals
 from test_engine import PROMPTS
@@ -200,24 +200,16 @@ def test_drafted_tokens_are_counted_censored_and_a_draft_cut_short_as_rejected_w
 def test_a_source_the_table_calls_poor_is_probed_at_cycles_8_16_32():
     poor = Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.05, 200.0]})
     p = policy(poor, NO_MATCH)
-    chosen = []
-    for _ in range(70):
-        s, k = helpers.source_width(p.plan([[0]]))
-        chosen.append(s)
-        p.update([k], [0], source=s, seconds=1.0)
+    chosen = helpers.planned(p, 70, lambda s, k: p.update([k], [0], source=s, seconds=1.0))
     # two cycles in a row after 8 and 16 (the first catches up, untimed); then it has drafted four times
     assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17]
     assert sum(map(len, p.fit.drafts["model"].values())) == 2  # the second cycle of each probe timed, not the first
-    cut, chosen = policy(poor, NO_MATCH), []  # a probe its stop cut to nothing still counts as made: the next waits
-    for i in range(20):
-        s, k = helpers.source_width(cut.plan([[0]]))
-        chosen.append(s)
-        cut.update([0], [0], source=s, requested=[k], seconds=1.0)
+    cut = policy(poor, NO_MATCH)  # a probe its stop cut to nothing still counts as made: the next waits
+    chosen = helpers.planned(cut, 20, lambda s, k: cut.update([0], [0], source=s, requested=[k], seconds=1.0))
     assert [i for i, s in enumerate(chosen) if s == "model"] == [8, 9, 16, 17] and cut.drafted["model"] == 0
     other = policy(poor, lambda s, c, k: [[1.0] * min(k, 2)] if s == "ngram" else None)
-    for _ in range(12):  # lookup drafting every cycle does not use up the model's probe
-        s, k = helpers.source_width(other.plan([[0]]))
-        other.update([k], [k], source=s, requested=[k])
+    # lookup drafting every cycle does not use up the model's probe
+    helpers.planned(other, 12, lambda s, k: other.update([k], [k], source=s, requested=[k]))
     assert other.drafted["model"] == 2 and other.probe == 16
     good = policy(Costs(1.0, {"ngram": 0.05, "model": 0.3}, accept={"model": [0.95, 200.0]}), NO_MATCH)
     for _ in range(20):  # a source that drafts anyway is never forced
@@ -233,12 +225,10 @@ def test_a_cold_run_decides_by_its_own_measurements_from_its_rebase_cycle_on():
 
     def first_run(rebase):
         p = AutoPolicy(["ngram", "model"], 4, prior, NO_MATCH, stops=[], rebase=rebase)
-        chosen = []
-        for _ in range(60):
-            s, k = helpers.source_width(p.plan([[0]]))
-            chosen.append(s)
-            p.update([k], [k], source=s, requested=[k], seconds=true.time(s, k))  # every draft passes: cost decides
-        return p, chosen
+        def every_draft_passes(s, k):  # (cost decides)
+            p.update([k], [k], source=s, requested=[k], seconds=true.time(s, k))
+
+        return p, helpers.planned(p, 60, every_draft_passes)
 
     p, chosen = first_run(32)
     assert chosen[1:32] == ["model"] * 31 and chosen[32:] == [None] * 28  # 32-34: a plain step timed, then dear
@@ -253,11 +243,7 @@ def test_cost_fit_recovers_the_costs_per_source_through_a_busy_machines_outliers
     truth = Costs(0.2, {"ngram": 0.01, "model": 0.07}, {"model": 0.1})
     for outliers in (0.0, 0.2):
         fit = CostFit(prior_costs(["ngram", "model"], {"model": 0.5}, gpu=False))
-        rng = np.random.default_rng(0)
-        for i in range(300):
-            s, k = [(None, 0), ("ngram", int(rng.integers(1, 8))), ("model", int(rng.integers(1, 6)))][i % 3]
-            slow = 1 + 9 * (rng.random() < outliers)  # now and then a cycle ten times slower: another job ran
-            fit.add(s, k, truth.time(s, k) * (1 + 0.02 * rng.standard_normal()) * slow)
+        helpers.timed(fit, truth, (8, 6), outliers)  # now and then a cycle ten times slower: another job ran
         got = fit.result()
         assert got.step == pytest.approx(0.2, rel=0.05)
         assert got.time("ngram", 1) == pytest.approx(0.21, rel=0.1) and got.time("ngram", 7) == pytest.approx(
@@ -468,8 +454,7 @@ def test_auto_is_distributed_as_the_target(tiny, sp, monkeypatch):
     assert len({round(d, 6) for d in eng.shifts}) > 3  # rows' shifts of the kept one moved with their earlier cycles
     if sp.top_p < 1.0 and not sp.top_k:  # cycles were judged again with the full sort, at most once each
         assert 0 < redone.count(True) <= redone.count(None)
-    assert fits(np.bincount(first, minlength=len(p1)), p1)
-    assert fits(np.bincount(second, minlength=len(p1)), p2)
+    assert fit_two(first, second, p1, p2) == (True, True)
 
 
 @pytest.mark.slow
@@ -492,8 +477,7 @@ def test_auto_chains_its_plain_steps_for_one_row_and_stays_exact(tiny, monkeypat
     assert probes <= 6 and eng.stats.cycles > 3 * N - 20  # no source pays at these costs: plain steps
     assert sum(chained) > 2 * N - 20 and len(discarded) > 50  # the 2nd and 3rd tokens' steps chained; some redone
     p1, p2 = target_marginals(target, ids, sp)
-    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
-    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+    assert fit_two(arr[:, 0], arr[:, 1], p1, p2) == (True, True)
 
 
 def test_a_launch_that_computes_is_charged_to_the_cycle_it_launched(tiny, monkeypatch):
@@ -564,8 +548,7 @@ def test_auto_with_a_draft_a_quarter_of_the_target_drafts_with_both_and_is_distr
     drafted = {s: st.drafted for s, st in eng.stats.sources.items()}
     assert drafted["ngram"] > 300 and drafted["model"] > 300  # both sources really drafted, in one run
     p1, p2 = target_marginals(target, ids, sp)
-    assert fits(np.bincount(first, minlength=len(p1)), p1)
-    assert fits(np.bincount(second, minlength=len(p1)), p2)
+    assert fit_two(first, second, p1, p2) == (True, True)
 
 
 @pytest.mark.slow
@@ -581,8 +564,7 @@ def test_a_cold_run_that_re_bases_on_its_own_timings_is_distributed_as_the_targe
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     assert eng.policy.rebase == 0 and eng.policy.costs.step != 1.0  # it re-based: a table in seconds
     p1, p2 = target_marginals(target, ids, sp)
-    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
-    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+    assert fit_two(arr[:, 0], arr[:, 1], p1, p2) == (True, True)
 
 
 @pytest.mark.slow
@@ -591,7 +573,7 @@ def test_negative_control_a_choice_that_sees_the_draft_fails(tiny):
     target, _ = tiny
     ids, first, second, _ = pairs(tiny, sp, BOTH, drafter_cls=PeekingDrafter)
     p1, p2 = target_marginals(target, ids, sp)
-    assert not (fits(np.bincount(first, minlength=len(p1)), p1) and fits(np.bincount(second, minlength=len(p1)), p2))
+    assert fit_two(first, second, p1, p2) != (True, True)
 
 
 def test_statistics_per_source_add_up(tiny):
@@ -622,8 +604,7 @@ def test_plain_decoding_with_the_partial_top_p_redoes_a_chained_step_and_stays_e
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
     assert discarded
-    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
-    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+    assert fit_two(arr[:, 0], arr[:, 1], p1, p2) == (True, True)
 
 
 def test_a_long_backlog_is_fed_in_chunks_and_greedy_stays_identical(tiny):

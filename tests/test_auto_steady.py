@@ -11,7 +11,7 @@ from mtpcli.drafters import Draft
 from mtpcli.drafters.auto import AutoDrafter
 from mtpcli.policy import AutoPolicy
 from mtpcli.sampling import SamplingParams
-from stattools import fits
+from stattools import fit_two
 
 import helpers
 from helpers import N, target_marginals
@@ -30,10 +30,7 @@ def test_the_prior_verify_pass_is_concave_as_measured_and_a_tree_node_costs_a_fr
 def test_the_verify_level_is_fitted_from_the_runs_lookup_cycles_where_there_are_enough():
     truth = Costs(0.2, {"ngram": 0.0, "model": 0.05}, {"model": 0.02}, verify=0.25)
     fit = CostFit(prior_costs(["ngram", "model"], {"model": 0.25}, gpu=False))
-    rng = np.random.default_rng(0)
-    for i in range(300):
-        s, k = [(None, 0), ("ngram", int(rng.integers(1, 9))), ("model", int(rng.integers(1, 7)))][i % 3]
-        fit.add(s, k, truth.time(s, k) * (1 + 0.02 * rng.standard_normal()))
+    helpers.timed(fit, truth, (9, 7))
     got = fit.result()
     assert got.verify == pytest.approx(0.25, rel=0.1)
     assert all(got.time(s, k) == pytest.approx(truth.time(s, k), rel=0.05) for s in ("ngram", "model")
@@ -102,8 +99,7 @@ def sampled_pairs(tiny, sp, drafter_cls=AutoDrafter, nodes=8):
     eng = auto_engine(tiny, CONCAVE, sp, batch_size=250, drafter_cls=drafter_cls, nodes=nodes)
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
-    return eng, fits(np.bincount(arr[:, 0], minlength=len(p1)), p1), fits(np.bincount(arr[:, 1], minlength=len(p1)),
-                                                                          p2)
+    return eng, *fit_two(arr[:, 0], arr[:, 1], p1, p2)
 
 
 @pytest.mark.slow

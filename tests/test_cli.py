@@ -1,15 +1,17 @@
 """`mtpcli generate` as a shell user meets it: stdout, stderr, exit codes, bad input."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from mtpcli.generate import TYPICAL_TAG
+from helpers import signalled
+
+STATS = ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate", "tokens_per_cycle",
+         "accept_by_position", "accept_length_hist", "draft_width_hist", "prefill_tps", "decode_tps", "ttft_s")
 
 
 @pytest.fixture
@@ -35,10 +37,8 @@ def test_stdout_carries_only_text_and_stats_go_to_stderr(gen, tiny_paths):
     plain = gen("--draft", "none", "--no-chat")
     assert r.stdout == plain.stdout  # greedy: speculative output identical to plain decoding
     err = r.stderr.decode()
-    for key in ("prompt_tokens:", "generated_tokens:", "cycles:", "drafted:", "accepted:", "acceptance_rate:",
-                "tokens_per_cycle:", "accept_by_position:", "accept_length_hist:", "draft_width_hist:",
-                "prefill_tps:", "decode_tps:", "ttft_s:", "peak_memory:"):
-        assert key in err
+    for key in (*STATS, "peak_memory"):
+        assert f"{key}:" in err
     assert "\x1b[" not in err  # no colour when stderr is not a terminal
     assert b"tokens_per_cycle" not in r.stdout
 
@@ -72,9 +72,7 @@ def test_json_and_jsonl_and_stats_json(gen, tiny_paths, tmp_path):
     assert set(doc) >= {"text", "tokens", "finish_reason", "stats", "settings"}
     assert doc["finish_reason"] in ("stop", "length") and isinstance(doc["tokens"], list)
     stats = json.loads(sj.read_text())
-    for key in ("prompt_tokens", "generated_tokens", "cycles", "drafted", "accepted", "acceptance_rate",
-                "tokens_per_cycle", "accept_by_position", "accept_length_hist", "draft_width_hist",
-                "prefill_tps", "decode_tps", "ttft_s", "peak_memory_bytes"):
+    for key in (*STATS, "peak_memory_bytes"):
         assert key in stats
     assert stats["settings"]["law"] == "exact" and stats["settings"]["seed"] == 3
     assert stats["settings"]["draft"] == "auto" and stats["settings"]["temp"] == 1.0
@@ -183,14 +181,7 @@ def test_ctrl_c_prints_what_was_committed_then_stats_exit_130(tiny_paths):
     p = subprocess.Popen([sys.executable, "-m", "mtpcli", "generate", "--model", str(tiny_paths["target"]),
                           "--max-tokens", "100000", "--no-chat", "--no-log", "--prompt", "abc"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    os.set_blocking(p.stdout.fileno(), False)
-    got = b""
-    deadline = time.time() + 60
-    while len(got) < 20 and time.time() < deadline:
-        got += p.stdout.read() or b""
-        time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    got, out, err = signalled(p, signal.SIGINT)
     assert p.returncode == 130
     err = err.decode()
     assert "Traceback" not in err and "interrupted after" in err and "generated_tokens:" in err

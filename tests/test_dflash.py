@@ -10,13 +10,12 @@ import pytest
 
 from mtpcli import dflash, models
 from mtpcli.controller import FixedWidth
-from mtpcli.drafters import NoDraft
 from mtpcli.drafters.dflash import DFlashDrafter
 from mtpcli.engine import DecodeConfig, Engine, Request
 from mtpcli.errors import ModelError
 from mtpcli.sampling import SamplingParams
-from stattools import fits
-from helpers import argmax_drafts, collect, passes, run, target_marginals
+from stattools import fit_two
+from helpers import argmax_drafts, collect, loaded, passes, plain, run, target_marginals
 from tiny import make_dflash_drafter, make_model, make_windowed_model
 
 PROMPT = "def f(x):"
@@ -32,14 +31,8 @@ def pairs(tmp_path_factory):
             "window": (window, make_dflash_drafter(root / "window-d", window, taps=[0, 1]))}
 
 
-def load(pairs, kind="flat"):
-    t, d = pairs[kind]
-    target = models.load(str(t))
-    return target, models.load_draft(str(d), target)
-
-
 def test_the_published_layout_loads_over_the_targets_embedding_and_head(pairs, cli):
-    target, d = load(pairs)
+    target, d = loaded(pairs["flat"])
     assert d.kind == "dflash" and d.model.io.taps == (0, 3) and d.model.io.block == 4
     assert "embed_tokens" not in d.model and "lm_head" not in d.model  # the target's own
     assert dflash.default_taps(36, 5) == (1, 9, 17, 25, 33)  # z-lab's build_target_layer_ids
@@ -49,7 +42,7 @@ def test_the_published_layout_loads_over_the_targets_embedding_and_head(pairs, c
 
 def test_block_size_mask_id_and_layers_are_read_from_dflash_config_or_the_top_level(pairs, tmp_path):
     """Exports differ in where they put these three fields: each is read from either place (a null is no value)."""
-    target, d = load(pairs)
+    target, d = loaded(pairs["flat"])
     moved = tmp_path / "moved"
     moved.mkdir()
     config = json.loads((pairs["flat"][1] / "config.json").read_text())
@@ -63,7 +56,7 @@ def test_block_size_mask_id_and_layers_are_read_from_dflash_config_or_the_top_le
 
 
 def test_a_drafter_made_for_another_target_is_refused_before_decoding(pairs, tmp_path, cli):
-    target, _ = load(pairs)
+    target, _ = loaded(pairs["flat"])
     cases = {"it reads 128 values per position": make_dflash_drafter(tmp_path / "w", make_model(tmp_path / "wide",
                                                                                               hidden=64, layers=4)),
              r"reads target layers \[0, 9\]": make_dflash_drafter(tmp_path / "l", pairs["flat"][0], taps=[0, 9]),
@@ -79,20 +72,19 @@ def test_a_drafter_made_for_another_target_is_refused_before_decoding(pairs, tmp
 
 @pytest.mark.parametrize("kind", ["flat", "window"])
 def test_dflash_greedy_equals_plain_decoding_one_row_and_a_ragged_batch(pairs, kind):
-    target, d = load(pairs, kind)
+    target, d = loaded(pairs[kind])
     prompts = [PROMPT, "def g(y, z):\n    return", "x = 1"]
     for prompt in prompts:
-        plain, _ = collect(target, NoDraft(), FixedWidth(0), (), prompt, 1, max_tokens=30)
         spec, eng = collect(target, DFlashDrafter(d.model), FixedWidth(3), (), prompt, 1, max_tokens=30)
-        assert spec == plain and eng.stats.drafted > 0
+        assert spec[0] == plain(target, prompt, 30) and eng.stats.drafted > 0
     tok = target.tokenizer
-    alone = [collect(target, NoDraft(), FixedWidth(0), (), p, 1, max_tokens=24)[0][0] for p in prompts]
+    alone = [plain(target, p, 24) for p in prompts]
     eng = Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (), DecodeConfig(), 2)
     assert run(eng, [Request(i, list(tok.encode(p)), 24, 0, 0) for i, p in enumerate(prompts)]) == alone
 
 
 def sampled(pairs, sp):
-    target, d = load(pairs)
+    target, d = loaded(pairs["flat"])
     ids = list(target.tokenizer.encode(PROMPT))
     outs, eng = collect(target, DFlashDrafter(d.model), FixedWidth(3), (), PROMPT, N, 250, max_tokens=3, sampling=sp)
     return target_marginals(target, ids, sp), np.array([o[:2] for o in outs]), eng
@@ -103,19 +95,18 @@ def sampled(pairs, sp):
 def test_dflash_is_exact_at_positive_temperature(pairs, sp):
     (p1, p2), arr, eng = sampled(pairs, sp)
     assert 0.1 < eng.stats.acceptance_rate < 0.95 and eng.stats.accepted_at[1] > N / 50  # both positions pass
-    assert fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
-    assert fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
+    assert fit_two(arr[:, 0], arr[:, 1], p1, p2) == (True, True)
 
 
 @pytest.mark.slow
 def test_negative_control_drafts_not_drawn_from_their_q_fail(pairs, monkeypatch):
     argmax_drafts(monkeypatch, DFlashDrafter)
     (p1, p2), arr, _ = sampled(pairs, SamplingParams(temp=1.0))
-    assert not (fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
+    assert fit_two(arr[:, 0], arr[:, 1], p1, p2) != (True, True)
 
 
 def test_one_target_pass_per_cycle_and_a_context_of_committed_tokens_only(pairs, monkeypatch):
-    target, d = load(pairs)
+    target, d = loaded(pairs["flat"])
     calls = passes(monkeypatch)
     seen = []
     propose = DFlashDrafter.propose
@@ -147,13 +138,11 @@ def test_dflash_on_a_hybrid_target_is_greedy_identical_and_a_batch_row_samples_a
     from tiny import make_hybrid_model
 
     h = make_hybrid_model(tmp_path / "hybrid", seed=3)
-    target = models.load(str(h))
-    d = models.load_draft(str(make_dflash_drafter(tmp_path / "hd", h, taps=[0, 2])), target)
-    plain, _ = collect(target, NoDraft(), FixedWidth(0), (), PROMPT, 1, max_tokens=24)
+    target, d = loaded((h, make_dflash_drafter(tmp_path / "hd", h, taps=[0, 2])))
     spec, eng = collect(target, DFlashDrafter(d.model), FixedWidth(3), (), PROMPT, 1, max_tokens=24)
-    assert spec == plain and eng.stats.drafted > 0
+    assert spec[0] == plain(target, PROMPT, 24) and eng.stats.drafted > 0
     # T > 0: a row of a batch draws what it draws alone (its own keys, whatever its neighbours' budgets)
-    target, d = load(pairs)
+    target, d = loaded(pairs["flat"])
     sp, tok = SamplingParams(temp=1.0), target.tokenizer
     reqs = [Request(0, list(tok.encode(PROMPT)), 6, 5), Request(1, list(tok.encode("x = 1")), 30, 7)]
     alone = [[t for ev in Engine(target.model, DFlashDrafter(d.model), FixedWidth(3), (),

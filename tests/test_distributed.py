@@ -18,9 +18,9 @@ import pytest
 from mtpcli.distributed import data
 from mtpcli.engine import Request
 from mtpcli.sampling import SamplingParams
-from stattools import fits
+from stattools import fit_two
 
-from helpers import run, target_marginals
+from helpers import descendants, rank_of, run, target_marginals
 
 HERE = Path(__file__).parent
 PROMPTS = [("the sea is ", 30), ("def fib(n):", 12), ("x = 1\ny = ", 25), ("abc", 40),
@@ -173,39 +173,8 @@ def test_tensor_sharded_speculation_is_distributed_as_the_target_and_a_wrong_law
         arr = np.array([t[:2] for t in doc["tokens"]])
         assert doc["mode"] == "tensor" and 0.2 < doc["acceptance"] < 0.95  # the law really worked
         assert doc["reached"][1] > len(arr) / 4  # the second drafted position was exercised
-        verdicts.append(fits(np.bincount(arr[:, 0], minlength=len(p1)), p1) and
-                        fits(np.bincount(arr[:, 1], minlength=len(p1)), p2))
+        verdicts.append(all(fit_two(arr[:, 0], arr[:, 1], p1, p2)))
     assert verdicts == [True, False]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, nearest first."""
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop(0))
-        out += kids
-        todo += kids
-    return out
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def rank_of(pid: int) -> int | None:
-    try:
-        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from mtpcli.drafters.ngram import NgramDrafter
 from mtpcli.engine import DecodeConfig, Engine
 from mtpcli.policy import AutoPolicy
 from mtpcli.sampling import SamplingParams
-from stattools import fits
+from stattools import fit_two
 from test_auto import run
 from test_engine import N, target_marginals
 
@@ -177,9 +177,7 @@ def law_pairs(tiny, sp, prompt, drafter_cls=ModelDrafter):
     eng = deferred_engine(tiny, CHEAP, sp, batch_size=250, drafter_cls=drafter_cls)
     arr = np.array([o[:2] for o in run(eng, ids, N, 3)])
     p1, p2 = target_marginals(target, ids, sp)
-    first = fits(np.bincount(arr[:, 0], minlength=len(p1)), p1)
-    second = fits(np.bincount(arr[:, 1], minlength=len(p1)), p2)
-    return eng, first, second
+    return eng, *fit_two(arr[:, 0], arr[:, 1], p1, p2)
 
 
 def joined_at(eng) -> list[int]:

@@ -4,13 +4,14 @@ rank 0's last words relayed; mlx.launch's own lines without colour under NO_COLO
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
+
+from helpers import signalled
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +91,8 @@ def test_ctrl_c_ends_the_job_with_rank_0s_statistics_and_no_traceback(qwen, tmp_
                           "generate", "-m", str(qwen), "-p", "the sea is ", "--temp", "0", "--max-tokens", "4000",
                           "--draft", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                          cwd=tmp_path, env={**os.environ, "MTPCLI_NO_LOG": "1"})
-    try:
-        assert select.select([p.stdout], [], [], 120)[0] and p.stdout.read(1)  # rank 0 is decoding
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    got, _, err = signalled(p, signal.SIGINT, n=1, seconds=120)
+    assert got  # rank 0 was decoding
     err = err.decode()
     assert p.returncode == 130 and "Traceback" not in err, err
     assert "generated_tokens:" in err and "mtpcli: interrupted after" in err  # relayed, not lost with mlx.launch

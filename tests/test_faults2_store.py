@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mtpcli import history, runlog
-from test_faults_store import _main
+from test_faults_store import _main, both_read
 
 
 def _secret_free(blob: bytes, secrets, ids_of) -> bool:
@@ -85,11 +85,7 @@ def test_intact_stores_are_read_where_sqlite_cannot_make_its_shm(monkeypatch, ca
         return real(database, *a, **k)
 
     monkeypatch.setattr(sqlite3, "connect", connect)
-    code, out, err = _main(monkeypatch, capsys, "stats", "--last", "5", "--json")
-    assert code == 0 and [r["id"] for r in json.loads(out)] == [1, 2], err
-    code, out, err = _main(monkeypatch, capsys, "history", "stats", "--json")
-    assert code == 0 and json.loads(out)["tokenizers"][0]["docs"] == 1, err
-    assert len(history.Store("tok").load().docs) == 1  # the history drafter reads it too
+    both_read(monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("args", [("stats",), ("stats", "--clear", "--yes"), ("history", "stats"),
@@ -177,24 +173,16 @@ def test_a_locked_store_costs_seconds_then_one_warning(monkeypatch, capsys):
     assert "run not logged" in lines[0] and "history not saved" in lines[1]
 
 
-def _writer(args):
-    from test_runlog import fake
-
-    home, i = args
-    os.environ["XDG_DATA_HOME"] = home
-    for j in range(20):
-        runlog.append_safely(**fake(i * 100 + j))
-        runlog.update_costs("k", lambda kept: {"n": (kept or {}).get("n", 0) + 1})
-
-
 def test_sixteen_concurrent_writers_lose_no_record_and_no_cost_update():
     """The short patience is for a lock nobody releases: writers that keep committing are waited for (a 5 s busy
     timeout alone lost 8 of 320 records here)."""
     import multiprocessing as mp
 
+    from test_runlog import writer
+
     _records(1)
     with mp.get_context("spawn").Pool(16) as pool:
-        pool.map(_writer, [(os.environ["XDG_DATA_HOME"], i) for i in range(16)])
+        pool.map(writer, [(os.environ["XDG_DATA_HOME"], i, 20, True) for i in range(16)])
     assert len(runlog.query()) == 1 + 16 * 20 and runlog.load_costs("k") == {"n": 16 * 20}
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import descendants, rank_of, signalled
+
 TIMEOUT = 6  # --distributed-timeout of the stopped-rank run
 
 
@@ -21,30 +23,6 @@ def qwen(tmp_path_factory):
     from tiny import make_model
 
     return make_model(tmp_path_factory.mktemp("qwen") / "target", model_type="qwen2", max_positions=4096)
-
-
-def _tree(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc)."""
-    kids: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                kids.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    out, todo = [], [pid]
-    while todo:
-        out += kids.get(todo[0], [])
-        todo += kids.get(todo.pop(0), [])
-    return out
-
-
-def _rank(pid: int) -> int | None:
-    try:
-        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), None)
 
 
 def _state(pid: int) -> str | None:
@@ -69,7 +47,7 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_and_is_named(qwen, tmp_p
     victims = []
     try:
         assert select.select([p.stdout], [], [], 120)[0] and p.stdout.read(1)  # rank 0 is decoding
-        victims = [c for c in _tree(p.pid) if _rank(c) == 1]  # rank 1 whole: its wrapper and the command under it
+        victims = [c for c in descendants(p.pid) if rank_of(c) == 1]  # rank 1 whole: its wrapper and the command under it
         assert len(victims) >= 2
         for v in victims:
             os.kill(v, signal.SIGSTOP)
@@ -109,18 +87,7 @@ def test_sigterm_prints_what_was_committed_then_stats_and_logs_the_run_exit_143(
                           "--max-tokens", "4000", "--no-chat", "--prompt", "abc"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    try:
-        os.set_blocking(p.stdout.fileno(), False)
-        got = b""
-        deadline = time.time() + 60
-        while len(got) < 20 and time.time() < deadline:
-            got += p.stdout.read() or b""
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    got, out, err = signalled(p, signal.SIGTERM)
     err = err.decode()
     assert p.returncode == 143, err
     assert "Traceback" not in err and "generated_tokens:" in err and "after" in err

@@ -37,11 +37,14 @@ def test_no_log_env_skips(monkeypatch):
     assert not runlog.log_path().exists()
 
 
-def _writer(args):
-    home, i = args
+def writer(args):
+    """Writer I's N records (a process of a pool), each with a cost update where COSTS (test_faults2_store's)."""
+    home, i, n, costs = args
     os.environ["XDG_DATA_HOME"] = home
-    for j in range(5):
-        runlog.append_safely(**fake(i * 10 + j))
+    for j in range(n):
+        runlog.append_safely(**fake(i * 100 + j))
+        if costs:
+            runlog.update_costs("k", lambda kept: {"n": (kept or {}).get("n", 0) + 1})
 
 
 @pytest.mark.slow
@@ -49,7 +52,7 @@ def test_eight_concurrent_writers_lose_no_record():
     home = os.environ["XDG_DATA_HOME"]
     runlog.append_safely(**fake(0))  # create the log first
     with mp.get_context("spawn").Pool(8) as pool:
-        pool.map(_writer, [(home, i) for i in range(8)])
+        pool.map(writer, [(home, i, 5, False) for i in range(8)])
     assert len(runlog.query()) == 1 + 8 * 5
 
 

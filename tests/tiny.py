@@ -41,16 +41,23 @@ def make_model(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 3
     another family of the same shape); returns the path."""
     import importlib
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     config = {
         "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
         "intermediate_size": 2 * hidden, "num_attention_heads": 4, "num_key_value_heads": 2,
         "rms_norm_eps": 1e-5, "vocab_size": len(vocab), "tie_word_embeddings": False,
         "max_position_embeddings": max_positions, "rope_theta": 10000.0, "eos_token_id": 1, **extra,
     }
-    mx.random.seed(seed)
     family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    return _random(family, config, path, seed, logit_scale, chat_template, vocab)
+
+
+def _random(family, config: dict, path: str | Path, seed: int, logit_scale: float, chat_template: bool = False,
+            vocab: list[str] = VOCAB) -> Path:
+    """A random model of FAMILY (an mlx_lm.models module) and CONFIG written to PATH with the tiny tokenizer, its
+    LM head scaled by LOGIT_SCALE (sharper or flatter distributions)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(seed)
     model = family.Model(family.ModelArgs.from_dict(config))
     if "lm_head" in model:  # (gemma2 ties its head to the embedding)
         model.lm_head.weight = model.lm_head.weight * logit_scale
@@ -69,8 +76,7 @@ def noisy_copy(src: str | Path, dst: str | Path, noise: float = 0.1, seed: int =
     mx.random.seed(seed)
     model.update(tree_map(lambda w: w + noise * w.std() * mx.random.normal(w.shape), model.parameters()))
     _save(model, config, dst)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (dst / name).write_bytes((src / name).read_bytes())
+    _copy_tokenizer(src, dst)
     return dst
 
 
@@ -91,9 +97,13 @@ def quarter_pair(root: str | Path, hidden: int = 32, layers: int = 8) -> tuple[P
     mx.save_safetensors(str(draft / "model.safetensors"), {k: v + 0.05 * v.std() * mx.random.normal(v.shape)
                                                            for k, v in weights.items() if depth(k) < first})
     (draft / "config.json").write_text(json.dumps({**config, "num_hidden_layers": first}))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (draft / name).write_bytes((target / name).read_bytes())
+    _copy_tokenizer(target, draft)
     return target, draft
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (dst / name).write_bytes((src / name).read_bytes())
 
 
 def _save(model, config: dict, path: Path) -> None:
@@ -111,29 +121,22 @@ def make_target(kind: str, root: Path) -> Path:
     return make_windowed_model(root / "m") if kind == "sliding-window" else make_hybrid_model(root / "h", seed=3)
 
 
+QWEN3_NEXT = {  # a tiny Qwen3-Next: the hybrid target's, and the MTP checkpoint's below
+    "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
+    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "shared_expert_intermediate_size": 32,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "full_attention_interval": 2,
+}
+
+
 def make_hybrid_model(path: str | Path, seed: int = 0, logit_scale: float = 4.0) -> Path:
     """A tiny Qwen3-Next-style hybrid: gated-delta (recurrent) layers between attention layers."""
     from mlx_lm.models import qwen3_next
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
-        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32, "mlp_only_layers": [0, 1, 2, 3], "moe_intermediate_size": 32,
-        "rms_norm_eps": 1e-6, "vocab_size": len(VOCAB), "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-        "max_position_embeddings": 256, "full_attention_interval": 2, "tie_word_embeddings": False,
-        "eos_token_id": 1,
-    }
-    mx.random.seed(seed)
-    model = qwen3_next.Model(qwen3_next.ModelArgs.from_dict(config))
-    if "lm_head" in model:  # (gemma2 ties its head to the embedding)
-        model.lm_head.weight = model.lm_head.weight * logit_scale
-    _save(model, config, path)
-    write_tokenizer(path)
-    return path
+    config = {**QWEN3_NEXT, "mlp_only_layers": [0, 1, 2, 3], "moe_intermediate_size": 32, "vocab_size": len(VOCAB),
+              "max_position_embeddings": 256, "tie_word_embeddings": False, "eos_token_id": 1}
+    return _random(qwen3_next, config, path, seed, logit_scale)
 
 
 # --- checkpoints with native MTP heads, in the Hugging Face layout of each family ---------------------------
@@ -147,15 +150,7 @@ MTP_CONFIGS = {
         "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
         "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     },
-    "qwen3_next": {
-        "model_type": "qwen3_next", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,
-        "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "moe_intermediate_size": 16,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "full_attention_interval": 2,
-        "num_nextn_predict_layers": 1,
-    },
+    "qwen3_next": {**QWEN3_NEXT, "mlp_only_layers": [], "moe_intermediate_size": 16, "num_nextn_predict_layers": 1},
     "qwen3_5": {
         "model_type": "qwen3_5", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "linear_num_value_heads": 2,

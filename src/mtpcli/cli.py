@@ -38,6 +38,10 @@ app.add_typer(history_app, name="history")
 app.add_typer(prefill_app, name="prefill")
 
 _global = {"profile": None, "terminated": False}
+YES = typer.Option(False, "--yes", help="Confirm without asking.")  # (options that several commands take)
+JSON = typer.Option(False, "--json", help="Machine-readable output.")
+
+
 def _confirm(yes: bool, what: str, question: str) -> None:
     """Go on with --yes, or when a terminal's user says yes."""
     if not yes:
@@ -61,36 +65,42 @@ def _main(profile: Optional[str] = typer.Option(None, "--profile", help="Profile
     _global["profile"] = profile
 
 
+# generate's and chat's own options, one declaration each (their values: _start's)
+PROFILE = {"profile": (Optional[str], typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."))}
+TURNS = {
+    "no_log": (bool, typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run (chat: its turns) to the run log (also MTPCLI_NO_LOG=1).")),
+    "log_prompts": (bool, typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text (chat: each turn's) and the whole command line in the run log (default: a hash of the prompts, and the command line with the prompt, --system and --separator texts as <redacted>), and the prompts' token ids in the history store with --history.")),
+    "go_on": (bool, typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Continue the last conversation: its turns and the prompt go through the chat template, and this turn is kept with them.")),
+    "conversation_id": (Optional[int], typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt", help="Continue conversation ID (`mtpcli stats --conversations` lists them).")),
+}
+
+
 @app.command(cls=Sections)
 @settings(*SCHEMA, after="profile")
+@settings(after="batch_size", **PROFILE)
+@settings(after="quiet", **TURNS)
 def generate(
     text: Optional[str] = typer.Argument(None, metavar="PROMPT", show_default=False, help="Prompt text, as -p/--prompt."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", rich_help_panel="Prompt", help="Prompt text (default: stdin)."),
     prompt_file: Optional[List[str]] = typer.Option(None, "--prompt-file", rich_help_panel="Prompt", help="Read the whole prompt from a file; - is stdin. Repeat it, or give a folder (its *.txt files), to decode several prompts as one batch."),
     prompts_jsonl: Optional[List[str]] = typer.Option(None, "--prompts-jsonl", rich_help_panel="Prompt", help="Several prompts, one JSON object per line: \"prompt\", optional \"max_tokens\", \"seed\" and \"id\" (passed through to the json and jsonl rows); - is stdin. Repeat it to read several files."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, rich_help_panel="Prompt", help="Rows decoded together with several prompts (default: all, capped by memory); finished rows are refilled."),
-    profile: Optional[str] = typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."),
     num_completions: int = typer.Option(1, "--num-completions", "-n", min=1, rich_help_panel="Output", help="Independent completions of the prompt (prefilled once); not a token count (that is --max-tokens)."),
     separator: str = typer.Option("\n\n", "--separator", rich_help_panel="Output", show_default=r"\n\n", help="Text between completions in text format."),
     stats_json: Optional[str] = typer.Option(None, "--stats-json", rich_help_panel="Output", help="Write the run's statistics and settings as JSON to this file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Hide the statistics table on stderr."),
-    no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append this run to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store one prompt's text and the whole command line in the run log (default: a hash of the prompts, and the command line with the prompt, --system and --separator texts as <redacted>), and the prompts' token ids in the history store with --history."),
-    go_on: bool = typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Continue the last conversation: its turns and the prompt go through the chat template, and this turn is kept with them."),
-    conversation_id: Optional[int] = typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt", help="Continue conversation ID (`mtpcli stats --conversations` lists them)."),
     save: bool = typer.Option(False, "--save", rich_help_panel="Prompt", help="Start a conversation: keep the prompt and the answer (their text, in the run log) for -c to continue."),
     **flags,
 ):
     """Generate text with speculative decoding; text to stdout, statistics to stderr."""
     from . import generate as gen
-    from . import prompts, runlog
+    from . import prompts
     from .distributed import refuse_stdin
 
     if text is not None and prompt is not None:
         raise UsageError("give the prompt once: as the PROMPT argument or with -p/--prompt, not both")
     prompt = prompts.valid_text(text if prompt is None else prompt, "--prompt" if prompt is not None else "PROMPT")
-    cfg, conv, argv = _start(profile, flags, go_on, conversation_id, save, no_log, log_prompts,
-                             (prompt, flags.get("system"), separator))
+    cfg, conv, argv, log, log_prompts = _start(flags, save, (prompt, flags.get("system"), separator))
     refuse_stdin(prompt, prompt_file, prompts_jsonl)
     items, single = prompts.read(prompt, prompt_file or [], prompts_jsonl)
     prompts.refuse_overwrite("--stats-json", stats_json, [*(prompt_file or []), *(prompts_jsonl or [])])
@@ -98,42 +108,39 @@ def generate(
         raise UsageError("-n/--num-completions works with one prompt; with several, repeat the prompt instead")
     if conv is not None and (not single or num_completions > 1):
         raise UsageError("a conversation (-c, --conversation, --save) goes on with one prompt and one completion")
-    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size,
-                       log=not runlog.disabled() and not no_log, log_prompts=log_prompts, conversation=conv)
+    opts = gen.Options(single, num_completions, quiet, stats_json, separator, tuple(argv), batch_size, log=log,
+                       log_prompts=log_prompts, conversation=conv)
     raise typer.Exit(gen.run(cfg, items, opts))
 
 
 @app.command(cls=Sections)
 @settings(*SCHEMA, after="profile")
-def chat(
-    profile: Optional[str] = typer.Option(None, "--profile", rich_help_panel="Model", help="Profile (overrides the default profile)."),
-    go_on: bool = typer.Option(False, "--continue", "-c", rich_help_panel="Prompt", help="Go on with the last conversation."),
-    conversation_id: Optional[int] = typer.Option(None, "--conversation", min=1, rich_help_panel="Prompt", help="Go on with conversation ID (`mtpcli stats --conversations` lists them)."),
-    no_log: bool = typer.Option(False, "--no-log", rich_help_panel="Output", help="Do not append the turns to the run log (also MTPCLI_NO_LOG=1)."),
-    log_prompts: bool = typer.Option(False, "--log-prompts", rich_help_panel="Output", help="Store each turn's prompt text in the run log (default: a hash)."),
-    **flags,
-):
+@settings(after="profile", **TURNS)
+@settings(after=None, **PROFILE)
+def chat(**flags):
     """Chat with the models loaded once: each line of stdin is a turn (a terminal or a pipe alike), its answer
     streams to stdout. Ctrl-C ends the answer being written, Ctrl-D (the end of stdin) or /quit the session.
     Commands: /stats (the last turn's statistics), /reset (a new conversation), /save (keep it for `generate -c`; the
     later turns too), /quit. A chat with -c or --conversation keeps its turns from the start."""
     from . import chat as chat_loop
-    from . import runlog
 
-    cfg, conv, argv = _start(profile, flags, go_on, conversation_id, False, no_log, log_prompts, (flags.get("system"),))
-    raise typer.Exit(chat_loop.loop(cfg, conv, tuple(argv), not no_log and not runlog.disabled(), log_prompts))
+    cfg, conv, argv, log, log_prompts = _start(flags, False, (flags.get("system"),))
+    raise typer.Exit(chat_loop.loop(cfg, conv, tuple(argv), log, log_prompts))
 
 
-def _start(profile, flags, go_on, ident, save, no_log, log_prompts, texts):
+def _start(flags, save, texts):
     """generate's and chat's settings (the system message's surrogates replaced, with a warning naming where it came
-    from), conversation (conversation.begin) and command line as the run log keeps it (TEXTS redacted)."""
+    from), conversation (conversation.begin), command line as the run log keeps it (TEXTS redacted), whether the run
+    is logged, and whether with its prompts; FLAGS holds their options (PROFILE, TURNS and SCHEMA's)."""
     from . import conversation, prompts, runlog
 
-    cfg = config.resolve(profile or _global["profile"], flags)
+    no_log, log_prompts = flags.pop("no_log"), flags.pop("log_prompts")
+    cfg = config.resolve(flags.pop("profile") or _global["profile"], flags)
     if (system := prompts.valid_text(cfg.system, cfg.where("system"))) != cfg.system:
         cfg = dataclasses.replace(cfg, system=system)
-    cfg, conv = conversation.begin(cfg, go_on, ident, save, not no_log)
-    return cfg, conv, sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], texts)
+    cfg, conv = conversation.begin(cfg, flags.pop("go_on"), flags.pop("conversation_id"), save, not no_log)
+    argv = sys.argv[1:] if log_prompts else runlog.redact(sys.argv[1:], texts)
+    return cfg, conv, argv, not no_log and not runlog.disabled(), log_prompts
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -171,7 +178,7 @@ def stats(
     profile: Optional[str] = typer.Option(None, "--profile", help="Only runs of this profile."),
     file: Optional[str] = typer.Option(None, "--file", help="Render a --stats-json file instead of the log."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Also write one run's charts to this PNG: the last, or --run ID (needs matplotlib)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    as_json: bool = JSON,
     clear: bool = typer.Option(False, "--clear", help="Delete every record (asks on a terminal; --yes otherwise)."),
     yes: bool = typer.Option(False, "--yes", help="Confirm --clear without asking."),
     export: Optional[str] = typer.Option(None, "--export", help="Export records; the only format is jsonl."),
@@ -212,7 +219,7 @@ def profile_show(name: Optional[str] = typer.Argument(None, help="Profile (defau
     for key in SCHEMA:
         v = getattr(cfg, key)
         line = f"# {key}: unset" if v is None else tomli_w.dumps({key: v}).strip()
-        print(f"{line:<40} # {cfg.origins[key]}" if origin else line)
+        print(f"{line:<40} # {cfg.where(key)}" if origin else line)
 
 
 @profile_app.command("use")
@@ -295,7 +302,7 @@ def bench_cmd(
 
 # ---- history -----------------------------------------------------------------------------------
 @history_app.command("stats")
-def history_stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+def history_stats(as_json: bool = JSON):
     """Size of the store per tokenizer, and what its drafts gave the logged runs."""
     from . import report
 
@@ -303,7 +310,7 @@ def history_stats(as_json: bool = typer.Option(False, "--json", help="Machine-re
 
 
 @history_app.command("clear")
-def history_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+def history_clear(yes: bool = YES):
     """Delete every kept output (asks on a terminal; --yes otherwise)."""
     from . import history
 
@@ -337,7 +344,7 @@ def prefill_list():
 
 
 @prefill_app.command("clear")
-def prefill_clear(yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+def prefill_clear(yes: bool = YES):
     """Delete every kept prefill (asks on a terminal; --yes otherwise)."""
     from . import prefix
 
@@ -364,7 +371,7 @@ def models_list():
 
 @models_app.command("rm")
 def models_rm(names: List[str] = typer.Argument(..., help="Cached models to delete (names as models list shows)."),
-              yes: bool = typer.Option(False, "--yes", help="Confirm without asking.")):
+              yes: bool = YES):
     """Delete converted models from the cache (asks on a terminal; --yes otherwise)."""
     from . import fetch
 

@@ -35,15 +35,28 @@ BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0"
 
 
 def _rng(lo=None, hi=None, lo_open=False, hi_open=False) -> Callable[[Any], bool]:
-    """A finite value in [lo, hi] (an open end leaves its bound out; None: no bound)."""
-    return lambda v: not (isinstance(v, float) and not math.isfinite(v)) and \
-        (lo is None or v > lo or v == lo and not lo_open) and (hi is None or v < hi or v == hi and not hi_open)
+    """A finite value in [lo, hi] (an open end leaves its bound out; None: no bound); its `allowed` says so as a key's
+    help shows it: 1..64 (whole numbers), (0, 1], >= 0."""
+    def check(v) -> bool:
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        above = lo is None or v > lo or (v == lo and not lo_open)
+        below = hi is None or v < hi or (v == hi and not hi_open)
+        return above and below
+    if hi is None:
+        check.allowed = f"{'>' if lo_open else '>='} {lo:g}"
+    elif isinstance(lo, int) and isinstance(hi, int):
+        check.allowed = f"{lo}..{hi}"
+    else:
+        check.allowed = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    return check
 
 
 def key(default, help: str, check=None, allowed: str = "", flag: str = ""):
     """A field of Config that is a settings key (profiles, environment, flags). CHECK: a test, or a tuple of choices."""
     if isinstance(check, tuple):
         check, allowed = check.__contains__, "one of " + ", ".join(check)
+    allowed = allowed or getattr(check, "allowed", "")
     return field(default=default, metadata={"help": help, "check": check, "allowed": allowed, "flag": flag})
 
 
@@ -60,43 +73,42 @@ class Config:
                      "tokens per second; with the width pinned (num_draft_tokens or adaptive): the draft model, else "
                      "MTP heads, else history when on, else ngram.", SOURCES)
     num_draft_tokens: int = key(4, "Draft width: tokens drafted per verify cycle (setting it pins the width; draft = "
-                                "auto otherwise chooses it).", _rng(1, 64), "1..64")
-    max_tokens: int = key(256, "Maximum number of tokens to generate per completion.", _rng(1), ">= 1")
+                                "auto otherwise chooses it).", _rng(1, 64))
+    max_tokens: int = key(256, "Maximum number of tokens to generate per completion.", _rng(1))
     temp: float = key(0.0, "Sampling temperature; 0 is greedy.", lambda v: v == 0 or _rng(MIN_TEMP)(v),
                       f"0 or >= {MIN_TEMP:g}", "--temp")
-    top_p: float = key(1.0, "Nucleus sampling mass, in (0, 1]; 1 is off.", _rng(0.0, 1.0, lo_open=True), "(0, 1]")
-    top_k: int = key(0, "Keep only the k most likely tokens; 0 is off.", _rng(0), ">= 0")
+    top_p: float = key(1.0, "Nucleus sampling mass, in (0, 1]; 1 is off.", _rng(0.0, 1.0, lo_open=True))
+    top_k: int = key(0, "Keep only the k most likely tokens; 0 is off.", _rng(0))
     min_p: float = key(0.0, "Drop tokens below min_p times the top token's probability; 0 is off.",
-                       _rng(0.0, 1.0, hi_open=True), "[0, 1)")
+                       _rng(0.0, 1.0, hi_open=True))
     seed: int = key(0, "Random seed: same seed, same output.", _rng(0, SEEDS - 1), "0..2^64-1")
     typical_threshold: float = key(0.0, "Typical acceptance delta (Medusa-2). NOT distribution-exact; 0 = the exact "
-                                   "law.", _rng(0.0), ">= 0")
+                                   "law.", _rng(0.0))
     typical_eps: float = key(1.0, "Typical acceptance cap eps: floor = min(eps, delta * exp(-H)).",
-                             _rng(0.0, 1.0, lo_open=True), "(0, 1]")
+                             _rng(0.0, 1.0, lo_open=True))
     tree: str = key("off", "Draft trees: several candidates per position (earlier occurrences, the draft's next most "
                     "likely tokens) verified in one target pass, exact at every temperature. A node budget per cycle, "
                     "auto (a tree where its expected tokens per second beat the chain's) or off.",
                     lambda v: v in ("off", "auto") or (re.fullmatch("[0-9]+", v) and 2 <= int(v) <= 64),
                     "off, auto or 2..64", "--spec-tree")
-    tree_children: int = key(3, "Most children per node of a draft tree.", _rng(2, 8), "2..8", "--spec-tree-children")
+    tree_children: int = key(3, "Most children per node of a draft tree.", _rng(2, 8), flag="--spec-tree-children")
     adaptive: bool = key(False, "Adaptive draft width (censoring-aware EMA of accepted tokens).",
                          flag="--spec-draft-adaptive")
-    n_min: int = key(1, "Adaptive width lower bound.", _rng(1, 64), "1..64", "--spec-draft-n-min")
+    n_min: int = key(1, "Adaptive width lower bound.", _rng(1, 64), flag="--spec-draft-n-min")
     n_max: Optional[int] = key(None, "Adaptive width upper bound (default: num_draft_tokens; for draft = auto 8, and "
-                               "16 for the history's drafts when it is on).", _rng(1, 64), "1..64",
-                               "--spec-draft-n-max")
+                               "16 for the history's drafts when it is on).", _rng(1, 64), flag="--spec-draft-n-max")
     p_min: float = key(0.0, "Draft confidence cut: stop drafting below this draft probability; 0 = off.",
-                       _rng(0.0, 1.0, hi_open=True), "[0, 1)", "--spec-draft-p-min")
+                       _rng(0.0, 1.0, hi_open=True), flag="--spec-draft-p-min")
     history: bool = key(False, "Keep every run's output token ids on disk ($XDG_DATA_HOME/mtpcli/history.sqlite; "
                         "prompts too with --log-prompts) and draft from them (source history); --draft history "
                         "implies it.", flag="--history")
     history_max_mb: float = key(16.0, "Size cap of the history store in MiB of token ids; the oldest go first.",
-                                _rng(0.0, lo_open=True), "> 0")
-    ngram_min: int = key(2, "Shortest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16")
-    ngram_max: int = key(4, "Longest context suffix the n-gram drafter looks up.", _rng(1, 16), "1..16")
-    ema_alpha: float = key(0.25, "EMA weight of a partial accept.", _rng(0.0, 1.0, lo_open=True), "(0, 1]")
-    ema_probe: float = key(1.0, "EMA upward probe after a full (censored) accept.", _rng(0.0, lo_open=True), "> 0")
-    ema_init: float = key(2.0, "EMA initial estimate, reset per prompt.", _rng(0.0, lo_open=True), "> 0")
+                                _rng(0.0, lo_open=True))
+    ngram_min: int = key(2, "Shortest context suffix the n-gram drafter looks up.", _rng(1, 16))
+    ngram_max: int = key(4, "Longest context suffix the n-gram drafter looks up.", _rng(1, 16))
+    ema_alpha: float = key(0.25, "EMA weight of a partial accept.", _rng(0.0, 1.0, lo_open=True))
+    ema_probe: float = key(1.0, "EMA upward probe after a full (censored) accept.", _rng(0.0, lo_open=True))
+    ema_init: float = key(2.0, "EMA initial estimate, reset per prompt.", _rng(0.0, lo_open=True))
     chat: Optional[bool] = key(None, "Apply the tokenizer's chat template (default: when it has one).")
     system: Optional[str] = key(None, "System message for the chat template.")
     format: str = key("text", "Output format: text, json or jsonl.", ("text", "json", "jsonl"))
@@ -104,18 +116,17 @@ class Config:
                                 "(exact: the law samples the target restricted to what the schema allows).")
     json: bool = key(False, "Constrain the answer to any JSON value (a schema of true).")
     grammar: Optional[str] = key(None, "Constrain the answer to a grammar: a file in llguidance's Lark syntax.")
-    prefill_step: int = key(64, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1),
-                            ">= 1")
+    prefill_step: int = key(64, "Prefill chunk size in tokens (and where a kept prefill can resume).", _rng(1))
     prefill_cache: bool = key(True, "Keep each prompt's prefill (the target's and the draft model's) on disk "
                               "($XDG_CACHE_HOME/mtpcli/prefill/) and resume from the longest kept prefix of a later "
                               "prompt: the same output, token for token.", flag="--prefill-cache")
     prefill_cache_mb: float = key(2048.0, "Size cap of the kept prefills in MiB; the least recently used go first.",
-                                  _rng(0.0, lo_open=True), "> 0")
+                                  _rng(0.0, lo_open=True))
     distributed: str = key("auto", "Under mlx.launch (mtpcli launch): data (each rank decodes a share of the prompts), "
                            "tensor or pipeline (the target sharded over the ranks); auto: data with several prompts, "
                            "else tensor.", ("auto", "data", "tensor", "pipeline"))
     distributed_timeout: float = key(600.0, "Under mlx.launch: seconds a rank waits for the others without progress "
-                                     "before it gives up with an error.", _rng(0.0, lo_open=True), "> 0")
+                                     "before it gives up with an error.", _rng(0.0, lo_open=True))
     # ---- not keys: where the values came from, and what `resolve` / `settle` decided
     profile: str = DEFAULT_PROFILE
     origins: Mapping[str, str] = field(default_factory=dict)

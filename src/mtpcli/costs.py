@@ -1,14 +1,7 @@
-"""The cycle-time table `draft = auto` decides with: what a cycle costs (a plain step, its verification of the drafted
-tokens, concave in their number, and per source a fixed part and seconds per drafted token) and what each source was
-found to do (its acceptance, the shift of its own estimates, the target's confidence where that acceptance was
-measured). A run decides with one table throughout (`Costs`, this
-machine's as the run log keeps it, or `prior_costs` from the models' sizes) while `CostFit` measures the run; after
-it, `Costs.settled` says what to keep: the table as it was while the run agrees with it within its error (costs as
-shares of a step), else each figure moved towards the run's (a cost a fifth of the way and at most a factor MOVE, so
-that one busy run cannot switch drafting off; one the run did not measure keeps its share of a step).
-A source that prefills before it drafts (a deferred draft model) also costs seconds per token of what it catches up on
-(`prefill`), which `draft = auto` weighs against what the source would save over the rest of the answer.
-"""
+"""The cycle-time table `draft = auto` decides with: what a cycle costs (a plain step, its verification, per source a
+fixed part, seconds per drafted token and per token caught up on) and what each source was found to do. A run decides
+with one table (`Costs`: this machine's as the run log keeps it, or `prior_costs`) while `CostFit` measures the run;
+`Costs.settled` says what to keep. What is measured and how a kept table moves: docs/policy.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""DFlash block drafters (z-lab, 2026: dflash/model.py, and its MLX port model_mlx.py): a few Qwen3 layers that draft a
-whole block in ONE pass, reading the target's own hidden states and sharing its embedding and LM head.
-
-Layout (config.json: block_size, dflash_config.{mask_token_id, target_layer_ids}, each read from either place; weights
-fc, hidden_norm, norm, layers.N.* of a Qwen3 decoder layer): the outputs of the target layers `target_layer_ids` (by
-default spread from layer 1 to L - 3) are joined and projected, ctx = hidden_norm(fc(states)), one entry per committed
-token but the newest. Each layer injects ctx as keys and values before the block's own (k_norm(k_proj(ctx)),
-v_proj(ctx), at the tokens' positions, kept in a cache); the block is [the newest token, mask x (block_size - 1)] at the
-positions that follow, attending to all of the context and to the whole block (no causal mask). Slot k of norm(x),
-through the target's LM head, is the distribution of the token k places after the newest; the slots are drawn
-independently."""
+"""DFlash block drafters (z-lab, 2026): a few Qwen3 layers that draft a whole block in ONE pass from the target's
+own hidden states, sharing its embedding and LM head. The layout this reads: docs/heads.md."""
 
 from __future__ import annotations
 
@@ -22,7 +13,7 @@ import numpy as np
 from mlx_lm.models import qwen3
 
 from .cache import split_model
-from .eagle import _width, weights
+from .eagle import _width, check_taps, fitted, weights
 from .errors import ModelError
 
 
@@ -101,8 +92,7 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Block:
     if fc_in != len(taps) * width or H != width:
         raise ModelError(f"{where} is made for another target: it reads {fc_in} values per position and is {H} wide; "
                          f"{len(taps)} layers of this target give {len(taps)} x {width}")
-    if any(not 0 <= i < len(layers) for i in taps):
-        raise ModelError(f"{where} reads target layers {list(taps)}; this target has {len(layers)} layers")
+    check_taps(taps, len(layers), where)
     mask_id, block = field("mask_token_id"), field("block_size")
     if not isinstance(mask_id, int) or not 0 <= mask_id < target_vocab or not isinstance(block, int) or block < 2:
         raise ModelError(f"{where}: needs block_size >= 2 and a mask_token_id below the target's {target_vocab} tokens")
@@ -112,13 +102,9 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Block:
     try:
         args = qwen3.ModelArgs.from_dict({"model_type": "qwen3", "vocab_size": target_vocab, **config})
         model = Block(args, fc_in)
-        model.load_weights(list(w.items()), strict=True)
     except (TypeError, ValueError) as e:
         raise ModelError(f"{where} does not match its config.json: {e}") from None
-    if mx.default_device() == mx.cpu:
-        model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    model.eval()
+    fitted(model, w, where)
     model.io.embed, model.io.lm_head = parts[0].embed_tokens, parts[1]
     model.io.taps, model.io.block, model.io.mask_id = taps, block, mask_id
     return model

@@ -1,12 +1,5 @@
 """EAGLE-3 draft heads (Li et al., 2025): one decoder layer over the target's own hidden states, built beside it.
-
-The published layout (SafeAILab/EAGLE eagle/model/cnets.py, SpecForge's llama3_eagle.py; `layers.0.` for the
-Speculators export's `midlayer.`): `fc` projects the outputs of three target layers (low, middle, high; by default
-layers 1, L/2 - 1 and L - 4, or the config's eagle_config.eagle_aux_hidden_state_layer_ids) to the head's width;
-the layer reads [input_layernorm(embedding of x_{t+1}), hidden_norm(h_t)] (2H wide: q/k/v take 2H), adds its
-attention to h_t (or to hidden_norm(h_t) with norm_before_residual) and runs its MLP; `norm` and its own `lm_head`
-give logits over a reduced vocabulary, draft id i being target id i + d2t[i]. Deeper drafts feed the layer's
-output (before `norm`) back in place of fc's. The embedding is the target's unless the checkpoint has its own."""
+The published layout this reads: docs/heads.md."""
 
 from __future__ import annotations
 
@@ -133,8 +126,7 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     if fc_in != len(taps) * target_hidden:
         raise ModelError(f"{where} is made for another target: its fc reads {fc_in} values per position, "
                          f"{len(taps)} layers of this target give {len(taps)} x {target_hidden}")
-    if any(not 0 <= i < len(layers) for i in taps):
-        raise ModelError(f"{where} reads target layers {list(taps)}; this target has {len(layers)} layers")
+    check_taps(taps, len(layers), where)
     vocab = config.get("vocab_size", target_vocab)
     if vocab != target_vocab:
         raise ModelError(f"{where} is made for another target: its vocabulary has {vocab} tokens, the target's "
@@ -162,17 +154,27 @@ def load(folder: Path | str, target_model, target_vocab: int) -> Head:
     except TypeError as e:
         raise ModelError(f"{where}: its config.json lacks a layer field ({e})") from None
     head = Head(args, fc_in, draft_vocab, own_embed, bool(config.get("norm_before_residual", False)))
-    try:
-        head.load_weights([(k, v) for k, v in w.items() if k not in ("d2t", "t2d")], strict=True)
-    except ValueError as e:
-        raise ModelError(f"{where} does not match its config.json: {e}") from None
-    if mx.default_device() == mx.cpu:
-        head.set_dtype(mx.float32)  # (half precision is slow on a CPU)
-    mx.eval(head.parameters())
-    head.eval()
+    fitted(head, {k: v for k, v in w.items() if k not in ("d2t", "t2d")}, where)
     head.io.embed = None if own_embed else split_model(target_model)[0].embed_tokens
     head.io.to_target, head.io.taps = to_target, taps
     return head
+
+
+def check_taps(taps, layers: int, where: str) -> None:
+    if any(not 0 <= i < layers for i in taps):
+        raise ModelError(f"{where} reads target layers {list(taps)}; this target has {layers} layers")
+
+
+def fitted(model, w: dict, where: str) -> None:
+    """A head's weights W loaded (strict: a mismatch is one line), float32 on a CPU (half is slow there), evaluated."""
+    try:
+        model.load_weights(list(w.items()), strict=True)
+    except ValueError as e:
+        raise ModelError(f"{where} does not match its config.json: {e}") from None
+    if mx.default_device() == mx.cpu:
+        model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    model.eval()
 
 
 def _width(model) -> int:

@@ -1,8 +1,5 @@
-"""The slots of a model's attention layers over B rows (`Layout`, shared by every layer) and each layer's keys and
-values (`RowKV`): each row keeps its own validity mask and its RoPE position is its count of valid tokens, so a
-rejected draft is cut off the end when every row wrote it last and becomes a masked hole otherwise; sliding windows
-are masked, not rotated. A tree block (tree.Shape) puts each node at its depth's position (`TreeRope`) and lets it
-see its ancestors. cache.LM drives them."""
+"""The slots of a model's attention layers over B rows (`Layout`, shared by every layer), each layer's keys and values
+(`RowKV`) and a tree block's positions (`TreeRope`); how they roll back: cache.py's docstring. cache.LM drives them."""
 
 from __future__ import annotations
 

@@ -47,14 +47,16 @@ class Sections(typer.core.TyperCommand):
                     formatter.write_dl(records)
 
 
-def settings(*keys: str, after: str):
-    """Add an option per settings key in KEYS to a command, after its parameter AFTER; their values go to its **flags.
+def settings(*keys: str, after: str | None, **made):
+    """Add to a command, after its parameter AFTER (None: first), an option per settings key in KEYS, then the options
+    MADE (name=(type, typer.Option), declared once for several commands); their values go to its **flags.
     (typer reads a command's parameters from its `__signature__` and `__annotations__`.)"""
     def add(fn):
         params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
-        at = [p.name for p in params].index(after) + 1
-        params[at:at] = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option(k),
-                                           annotation=Optional[SCHEMA[k].type]) for k in keys]
+        at = [p.name for p in params].index(after) + 1 if after else 0
+        new = {**{k: (Optional[SCHEMA[k].type], option(k)) for k in keys}, **made}
+        params[at:at] = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=o, annotation=t)
+                         for k, (t, o) in new.items()]
         fn.__signature__ = inspect.Signature(params)
         fn.__annotations__ = {p.name: p.annotation for p in params}
         return fn

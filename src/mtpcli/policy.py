@@ -1,24 +1,8 @@
 """`draft = auto`: every cycle ONE source and ONE width for the batch, the plan with the most expected committed
-tokens per second:  score(s, k) = sum over rows of E_b[tokens | s, k] / T(s, k)  (width 0: a plain step, 1 a row).
-
-E = 1 + sum_j prod_{i<=j} a_i. A source that estimates its own tokens (n-gram lookup, the history) is expected what
-it estimates, moved in log-odds by how the row's drafted tokens fared against their estimates (`shift`); a draft
-model or MTP heads, the acceptance kept for it moved by how sure the target is of the row's text (`offset`). A draft
-model stops inside a draft where one more token is worth less than plain steps make in its time (`stop`; its own
-confidence, calibrated the same way). T(s, k) = step (1 + verify k^BEND) + fixed[s] + k per_token[s] (a target pass is
-concave in its width), a `Costs` table fixed for the run (this machine's, kept in the run log; before one exists, a
-prior from the models' sizes, until a first run that keeps its table is 32 cycles in: then what it measured), while
-`CostFit` measures this run's by medians and a source this run has hardly drafted is tried after 8, 16, 32, ...
-cycles, two in a row (the first catches up), so that its cost is measured again; a kept table moves only part of the
-way towards one run. Every choice depends on committed
-tokens and on the table, never on this cycle's draws: the exact law holds, and the same seed with the same kept
-table gives the same output. What stays is what a replay ablation found to pay (docs/perf/auto.md).
-
-A source that must prefill before it drafts (a deferred draft model: its prompt, then what it missed) comes in only
-where what it would save over the rows' remaining tokens, drafting at its best rate instead of the best plan without
-it, covers that catch-up (`Costs.catch_up` of the tokens it says it lacks): a long prompt with a short answer is
-decoded without it, from start to exit no slower than plain decoding.
-"""
+tokens per second:  score(s, k) = sum over rows of E_b[tokens | s, k] / T(s, k)  (width 0: a plain step, 1 a row),
+from estimates and a `Costs` table fixed for the run. Every choice depends on committed tokens and on the table, never
+on this cycle's draws: the exact law holds, and the same seed with the same kept table gives the same output.
+Where E and T come from, where a draft model stops, the probe and a deferred draft model's gate: docs/policy.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""A DFlash drafter (dflash.py) drafts a block in one pass from the target's own hidden states.
-
-Its cache holds the context: one entry per committed token but the newest, made of the target's states of the pass
-that committed it; new entries wait in `pending` and are written at the row's next proposal. Nothing speculative is
-ever cached (the block's keys live for one pass), so a rejection needs no rollback. The drafts at the block's slots
-are drawn independently, each from its own q, which depends on the context only: the exact law holds as for any
-proposal (at T = 0, the argmaxes: `--draft none`'s tokens)."""
+"""A DFlash drafter (dflash.py) drafts a block in one pass from the target's own hidden states; what its cache holds
+(nothing speculative) and why its independent slots keep the exact law: docs/heads.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""An EAGLE-3 head (eagle.py) drafts from the target's own hidden states, over the same cache layer as the target.
-
-The head's cache holds one entry per committed pair (h_t, x_{t+1}): the target's tapped states at position t and
-the token that followed. Each row's new pairs (its committed tokens with the states of the pass they came from:
-a tree's path, gathered) wait in `pending` and are fed at the row's next proposal, whose last position gives the
-first draft; deeper drafts feed the head's own output with the token it drew. Those entries are speculative and
-are cut at commit, so the cache only ever holds pairs made of the target's states (as EAGLE's stable_kv does)."""
+"""An EAGLE-3 head (eagle.py) drafts from the target's own hidden states, over the same cache layer as the target;
+what its cache holds (committed pairs only, speculative entries cut at commit): docs/heads.md."""
 
 from __future__ import annotations
 

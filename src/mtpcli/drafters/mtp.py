@@ -1,10 +1,5 @@
-"""The checkpoint's own multi-token-prediction head drafts from the target's hidden states (one row).
-
-The head's KV cache holds one entry per committed pair (h_t, x_{t+1}): the target's hidden state at position t
-and the token that followed. After a verify cycle the new pairs are the accepted positions' hidden states with
-the tokens committed after them; they are fed at the next proposal, whose last row gives the first draft.
-Deeper drafts feed the head's own output hidden state back with the token it drew; those entries are
-speculative and are cut from the cache at commit."""
+"""The checkpoint's own multi-token-prediction head drafts from the target's hidden states (one row); what its cache
+holds (committed pairs only, speculative entries cut at commit): docs/heads.md."""
 
 from __future__ import annotations
 
