@@ -4,7 +4,8 @@ of this repository, the earlier questions and answers, a new question) and answe
 The arms (`ARMS`, easy to edit) run interleaved per turn: mlx-lm's own `generate` (with the OpenBLAS mtpcli
 preloads), mtpcli plain with and without the prefill cache, the default with and without a draft model. Measured per
 turn and arm: the wall time from process start to exit, and the time to the first token (mtpcli: --stats-json's
-ttft_s; mlx-lm: its prompt's tokens over its prompt tokens-per-sec). Each arm has its own XDG_CACHE_HOME,
+ttft_s, from the prefill's start to the first token, the models loaded; mlx-lm: its prompt's tokens over its prompt
+tokens-per-sec); mtpcli's runs keep where their time went (SECONDS). Each arm has its own XDG_CACHE_HOME,
 XDG_DATA_HOME and XDG_CONFIG_HOME (kept across its turns, never shared with another arm); models are absolute paths.
 The transcript's answers are the reference arm's (REFERENCE), so that every arm gets the same prompts.
 
@@ -50,6 +51,8 @@ ARMS = [  # (name, kind, flags); "{draft}" is --draft-model's path
     ("default, no draft model, cache on", "mtpcli", [*CACHE_ON]),
 ]
 REFERENCE = "mtpcli --draft none, cache off"  # whose answers go into the transcript
+SECONDS = ("load_s", "prefill_s", "prompt_cached_tokens", "draft_prefill_s", "draft_prefill_tokens",
+           "decode_s")  # kept from each mtpcli run's --stats-json: where its time went
 
 
 def openblas_env() -> dict[str, str]:
@@ -119,6 +122,8 @@ def one(arm: tuple, prompt: str, args, home: Path, scratch: Path) -> dict:
     else:
         doc = json.loads(stats.read_text())
         text, tokens, ttft = r.stdout.strip(), doc["prompt_tokens"], doc["ttft_s"]
+        return {"wall_s": wall, "ttft_s": ttft, "prompt_tokens": tokens, "text": text,
+                "seconds": {k: doc.get(k) for k in SECONDS}}
     return {"wall_s": wall, "ttft_s": ttft, "prompt_tokens": tokens, "text": text}
 
 

@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--draft-model", help="the draft model's folder (without it, the default drafts without one)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--ttft-only", action="store_true", help="only the -c and cold arms (time to first token)")
+    ap.add_argument("--no-cold", action="store_true", help="leave the cold arm out (-c, chat and mlx-lm: a loop that "
+                    "must fit a busy machine's lock beside a --ttft-only one)")
     ap.add_argument("--out")
     args = ap.parse_args()
     try:
@@ -72,7 +74,7 @@ def main() -> None:
         (tmp / "p1.txt").write_text(prompts[0])
         for k, p in enumerate(prompts):  # -c and cold, interleaved per turn
             row = {"turn": k + 1}
-            for arm, extra in (("c", []), ("cold", ["--no-prefill-cache"])):
+            for arm, extra in (("c", []), ("cold", ["--no-prefill-cache"]))[: 1 if args.no_cold else 2]:
                 go = (["--save", "--prompt-file", str(tmp / "p1.txt")] if k == 0 else
                       ["-c" if arm == "c" else "--conversation=1", "-p", p])
                 stats = tmp / "stats.json"
@@ -111,16 +113,17 @@ def main() -> None:
     doc = {"config": {"model": args.model, "draft_model": args.draft_model, "max_tokens": args.max_tokens,
                       "prefix": f"{PREFIX_COMMIT}:{PREFIX_FILE}", "blas": lib, "command": sys.argv},
            "turns": turns, "chat": chat, "mlx_lm": mlx,
-           "same_text": all(t["c"]["text"] == t["cold"]["text"] for t in turns)}
+           "same_text": all(t["c"]["text"] == t["cold"]["text"] for t in turns if "cold" in t)}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    for t in turns:
+    for t in [t for t in turns if "cold" in t]:
         print(f"turn {t['turn']} ({t['c']['prompt_tokens']} tokens, {t['c']['cached']} kept): -c {t['c']['wall_s']:.1f} s"
               f" (ttft {t['c']['ttft_s']:.2f}), cold {t['cold']['wall_s']:.1f} s (ttft {t['cold']['ttft_s']:.2f}): "
               f"ttft x{t['cold']['ttft_s'] / t['c']['ttft_s']:.1f}")
     loop = sum(m["wall_s"] for m in mlx)
     print(f"-c loop {sum(t['c']['wall_s'] for t in turns):.1f} s, cold "
-          f"{sum(t['cold']['wall_s'] for t in turns):.1f} s; the same text -c and cold: {doc['same_text']}")
+          f"{sum(t.get('cold', {}).get('wall_s', 0.0) for t in turns):.1f} s; the same text -c and cold: "
+          f"{doc['same_text']}")
     if chat:
         print(f"chat {chat['wall_s']:.1f} s (ttft {', '.join(f'{x:.2f}' for x in chat['ttft_s'])}); mlx-lm per turn "
               f"{loop:.1f} s: x{loop / chat['wall_s']:.2f}")

@@ -20,12 +20,19 @@ from mtpcli.sampling import probs
 N = 2500  # draws of a chi-square test
 
 
-def marginals(law, ids):
-    """The exact distributions of the first and the second token after `ids`, where law(context) is the next
-    token's (a vector over the vocabulary)."""
-    p1 = law(ids)
-    p2 = sum(p1[x] * law(ids + [int(x)]) for x in np.nonzero(p1)[0])
-    return p1, p2
+def marginals(law, ids, k=2):
+    """The exact distributions of the first k tokens after `ids` (k = 2: the first and the second), where
+    law(context) is the next token's (a vector over the vocabulary)."""
+    out, paths = [], {(): 1.0}
+    for _ in range(k):
+        dist, deeper = 0.0, {}
+        for path, w in paths.items():
+            p = law(ids + list(path))
+            dist = dist + w * p
+            deeper |= {path + (int(x),): w * p[x] for x in np.nonzero(p)[0]} if len(out) + 1 < k else {}
+        out.append(dist)
+        paths = deeper
+    return tuple(out)
 
 
 def model_law(model, shape):
@@ -33,9 +40,9 @@ def model_law(model, shape):
     return lambda ctx: shape(model(mx.array([ctx]))[0, -1])
 
 
-def target_marginals(target, ids, sp):
-    """The first and second generated tokens' exact distributions under the target alone, sampled with `sp`."""
-    return marginals(model_law(target.model, lambda x: np.array(probs(x, sp, full=True))), list(ids))
+def target_marginals(target, ids, sp, k=2):
+    """The first k generated tokens' exact distributions under the target alone, sampled with `sp`."""
+    return marginals(model_law(target.model, lambda x: np.array(probs(x, sp, full=True))), list(ids), k)
 
 
 def copies(ids, n, max_tokens, seed):

@@ -327,8 +327,12 @@ class Engine:
 
     def _ahead(self, f: Flight | None) -> Plan | None:
         """The plan of a plain step to launch while plain step `f` is in flight, or None: always without a drafter;
-        under a policy when it plans one (one row, no hidden states to hand a drafter, a target that can undo)."""
+        under a policy when it plans one (one row, no hidden states to hand a drafter, a target that can undo). Never
+        while a row of `f` waits for its first token: on a CPU a launch computes its pass, so that token would wait
+        for the next one's pass too."""
         if f is None or f.width or not any(r.generated + 1 < r.req.max_tokens for r in self.rows):
+            return None
+        if any(r.generated == 0 for r in f.rows):
             return None
         if self.guide is not None and self.guide.active:  # the next step's mask needs this step's token
             return None
