@@ -2,9 +2,12 @@
 run draft as much the first time as later, and while the machine is busy? The deep tiny pair (tests/tiny.py
 quarter_pair: hidden 512, 8 layers, a draft of the target's first quarter), one prompt, the same seed, T = 1, 40 tokens,
 `-n 8`; prints each run's tokens per cycle, then the median and the farthest run from it. `--busy K` runs K spinning
-processes beside the runs (the issue's "busy" case; a machine already loaded is busy as it is).
+processes beside the runs (the issue's "busy" case; a machine already loaded is busy as it is). `--root DIR` keeps the
+data folder there (a fresh one where DIR does not exist): a second call with the same DIR goes on from the table the
+first kept, so ten runs that do not fit one locked job can be two.
 
     python bench/auto_steady.py [OUT.json] [--runs 10] [--max-tokens 40] [--temp 1] [-n 8] [--busy 0] [--real]
+        [--prompt TEXT] [--root DIR]
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=0, help="spinning processes beside the runs")
     ap.add_argument("--real", action="store_true", help="the real pair (qwen2.5-coder 1.5b over 0.5b) instead")
     ap.add_argument("--prompt", default="a b c a b c d")
+    ap.add_argument("--root", help="the runs' data folder, kept between calls (default: a fresh temporary one)")
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp())
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp())
+    root.mkdir(parents=True, exist_ok=True)
     if args.real:
         target, draft = REAL / "qwen2.5-coder-1.5b", REAL / "qwen2.5-coder-0.5b"
     else:

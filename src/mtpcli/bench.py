@@ -158,8 +158,8 @@ def bench(*, model: str, draft_model: str | None, draft: str | None, profile_nam
             st, toks = one(arm, ids, seed, max_tokens)
             arm.runs.setdefault(seed, []).append(st)
             arm.outputs.append({"seed": seed, "prompt": pname, "tokens": toks, "text": target.tokenizer.decode(toks),
-                                "stats": {k: st.to_dict()[k] for k in ("tokens_per_cycle", "acceptance_rate",
-                                                                      "decode_tps", "draft_width_hist")}})
+                                "stats": {k: v for k, v in st.to_dict().items() if k in (
+                                    "tokens_per_cycle", "acceptance_rate", "decode_tps", "draft_width_hist", "trees")}})
             done = i
             if progress:
                 left = (time.perf_counter() - t0) / i * (total - i)

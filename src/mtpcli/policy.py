@@ -20,6 +20,7 @@ from .stop import EDGE, Stop, logit, shifted
 SHIFT_SD = 2.0  # a row's log-odds shift of a source's own estimates: its prior's spread around the kept shift (1.0
 # kept a source that the kept shift calls good drafting wide through 5 failures in a row: issue 58)
 PROBE_WIDTH = 2  # a probe drafts at most this many tokens
+PROBE_SHARE = 8  # ... and a deferred source's probe catches up on at most a plain step's worth per this many cycles
 SHIFT_POINTS = 96  # drafted tokens a row keeps per source for that fit
 CONF_DECAY = 0.9  # a row's confidence: each committed token's weight fades by this at every later token
 CONF_PRIOR = 2.0  # ... over the kept confidence, worth this many tokens
@@ -154,6 +155,7 @@ class AutoPolicy(WidthPolicy):
                 return self.last  # re-bases on: here, not at the start, so a short first run drafts as later ones
             self._rebase()
         scores = self.scores(contexts)
+        every = dict(scores)  # (a probe's plans: a deferred source's too, where its catch-up is cheap)
         caught = {s: self._catch_up(s, scores, contexts, left) for s in self.prefills}
         source, k = max(scores, key=lambda sk: (scores[sk], -sk[1]))  # ties: the narrower, plain first
         self.rate = scores[(source, k)] / len(contexts)  # the best a row expects: tokens per second
@@ -162,9 +164,13 @@ class AutoPolicy(WidthPolicy):
             # this run drafts its best plan two cycles in a row (the first catches up on what it missed, the second's
             # cost is measured), so that a table measured on a busy machine cannot keep it idle for good
             want = [self.follow] if self.follow else lacking  # (at most PROBE_WIDTH tokens where it is not the
-            if source not in want:  # best plan anyway: a source the table calls poor is tried cheaply)
-                probe = [sk for sk in scores if sk[0] in want and sk[1] <= PROBE_WIDTH]
-                source, k = max(probe, key=scores.get, default=(source, k))
+            if source not in want:  # best plan anyway: a source the table calls poor is tried cheaply; a deferred
+                # one where its catch-up costs at most a plain step per PROBE_SHARE cycles done, so that probes cost a
+                # run at most that share: a long prompt with a short answer is not prefilled for a probe)
+                cheap = {s for s in want if s not in caught or self.costs.catch_up(s, caught[s]) <= self.tick /
+                         PROBE_SHARE * self.costs.step}
+                probe = [sk for sk in every if sk[0] in cheap and sk[1] <= PROBE_WIDTH]
+                source, k = max(probe, key=every.get, default=(source, k))
         widest = min(self.widest.get(source, self.n_max), PROBE_WIDTH if probe else self.n_max)
         self.scored, stops, self.caught = k, source in self.stops, caught.get(source, 0) if k else 0
         self.last = Plan(source, widest if stops else k, self.stop(source) if stops else None,
