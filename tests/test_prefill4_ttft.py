@@ -3,6 +3,7 @@ the first token is read before the next step is launched (on a CPU a launch comp
 by MLX straight into its arrays (no copy of the file in memory on the way), and a draft that shares the target's
 tokenizer is paired without building its vocabulary."""
 
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -59,3 +60,14 @@ def test_a_draft_sharing_the_targets_tokenizer_is_paired_without_building_its_vo
                         lambda self: pytest.fail("the vocabulary was built"), raising=False)
     draft = models.load_draft(str(tiny_paths["draft"]), target, lazy=True)
     assert draft.tokenizer is target.tokenizer
+
+
+def test_a_kept_file_evicted_while_it_is_read_is_a_silent_miss(tmp_path, monkeypatch):
+    # another run evicts the file between its header's read and MLX's: FileNotFoundError (Shelf.find skips it
+    # silently), not Bad (a "damaged" warning about a file that was fine)
+    path = tmp_path / "k.safetensors"
+    prefix.save(path, "key", list(range(64)), {"0.keys": mx.zeros((1, 2, 64, 8))})
+    real = prefix.read_header
+    monkeypatch.setattr(prefix, "read_header", lambda p: (real(p), os.unlink(p))[0])
+    with pytest.raises(FileNotFoundError):
+        prefix.load(path)

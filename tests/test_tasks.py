@@ -134,16 +134,28 @@ def test_score_checks_every_output_and_compares_each_arm_with_the_first():
     assert q["format"].startswith("completion")
 
 
-def test_an_interrupt_while_checking_scores_the_checks_that_ended(monkeypatch):
+def test_an_interrupt_while_checking_scores_the_checks_that_ended(monkeypatch, capsys):
     # SIGTERM (bench's handler raises KeyboardInterrupt(143)) during the checks: what was checked is scored, not lost
     real = tasks.check
-    monkeypatch.setattr(tasks, "check", lambda code, limits: (_ for _ in ()).throw(KeyboardInterrupt(143))
-                        if "return 7" in code else real(code, limits))
+    monkeypatch.setattr(tasks, "check", lambda code, limits, cancel: (_ for _ in ()).throw(KeyboardInterrupt(143))
+                        if "return 7" in code else real(code, limits, cancel))
     outs = [{"seed": s, "prompt": "t/0", "text": b} for s, b in enumerate([RIGHT, "    return 7\n", RIGHT])]
-    q = tasks.score("t", [ADD], [("a", 0.0, outs)], chat=False, limits=QUICK)
-    assert q["stopped"] == (143,) and q["of"] == 3 and 1 <= q["checked"] < 3
-    assert q["arms"]["a"]["runs"] == q["checked"] and q["arms"]["a"]["passed"] == q["checked"]
-    assert "passed" not in outs[1]
+    later = [{"seed": s, "prompt": "t/0", "text": RIGHT} for s in range(3)]  # a second arm: none of it checked
+    q = tasks.score("t", [ADD], [("a", 0.0, outs), ("b", 0.0, later)], chat=False, limits=QUICK)
+    assert q["stopped"] == (143,) and q["of"] == 6 and q["checked"] == 1
+    assert q["arms"]["a"]["runs"] == 1 and q["arms"]["a"]["passed"] == 1 and "passed" not in outs[1]
+    assert q["arms"]["b"]["runs"] == 0 and q["greedy_identical"] is False  # (texts compared, checked or not)
+    m = {"median": 1.0, "min": 1.0, "max": 1.0}
+    tasks.render({"task": q, "arms": [{"arm": a, "decode_tps": m, "tokens_per_cycle": m} for a in "ab"]})
+    assert "none checked" in capsys.readouterr().out
+
+
+def test_a_cancelled_check_ends_at_once():
+    cancel = tasks.threading.Event()
+    tasks.threading.Timer(0.3, cancel.set).start()
+    t0 = time.monotonic()
+    assert tasks.check("import time\ntime.sleep(30)\n", tasks.Limits(seconds=30), cancel) == "timed out"
+    assert time.monotonic() - t0 < 5
 
 
 def test_load_names_a_subset_and_refuses_a_bad_one(monkeypatch):

@@ -118,6 +118,8 @@ def load(path: Path) -> tuple[dict, dict[str, mx.array]]:
         arrays, theirs = mx.load(str(path), return_metadata=True)
         mx.eval(list(arrays.values()))
     except Exception as e:  # noqa: BLE001 - MLX's own checks (offsets past the end, a dtype it does not know, ...)
+        if not path.exists():  # (evicted by another run since its header was read: a miss, as before the header)
+            raise FileNotFoundError(path) from None
         raise Bad(f"truncated or damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if theirs != meta:
         raise Bad("changed while it was read")

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -133,7 +134,7 @@ main()
 """
 
 
-def check(code: str, limits: Limits = Limits()) -> str:
+def check(code: str, limits: Limits = Limits(), cancel: threading.Event | None = None) -> str:
     """Run one program in its own process: `passed`, `timed out`, or `failed: ` and the last line it wrote to stderr.
     The process has a fresh temporary folder as its cwd, PATH and little else in its environment, the limits and
     LAUNCHER's hook; its whole process group is killed when it ends or runs out of time."""
@@ -154,7 +155,7 @@ def check(code: str, limits: Limits = Limits()) -> str:
                 proc.stdin.close()
                 # waited for without reaping it: its process group id stays its own until the kill below
                 while not (ended := os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or cancel is not None and cancel.is_set():
                         break
                     time.sleep(0.01)
             finally:
@@ -217,32 +218,34 @@ def score(name: str, problems: list[Problem], arms: list[tuple[str, float, list[
     outputs = [o for _, _, outs in arms for o in outs]
     if progress:
         progress(f"checking {len(outputs)} completions ({FORMATS[chat].split(':')[0]}), each in its own process")
-    stopped = None
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = pool.map(lambda o: check(program(by_id[o["prompt"]], o["text"], chat), limits), outputs)
-        try:
-            for o, result in zip(outputs, results):
-                o["check"], o["passed"] = result, result == "passed"
-        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM while checking: the checks that ended are scored
-            pool.shutdown(wait=False, cancel_futures=True)
-            stopped = e.args
-    arms = [(arm, temp, [o for o in outs if "passed" in o]) for arm, temp, outs in arms]
-    passed = {arm: {(o["prompt"], o["seed"]): o["passed"] for o in outs} for arm, _, outs in arms}
-    texts = {arm: {(o["prompt"], o["seed"]): o["text"] for o in outs} for arm, _, outs in arms}
+    stopped, cancel = None, threading.Event()
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        results = pool.map(lambda o: check(program(by_id[o["prompt"]], o["text"], chat), limits, cancel), outputs)
+        for o, result in zip(outputs, results):
+            o["check"], o["passed"] = result, result == "passed"
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM while checking: the checks that ended (in order) are scored,
+        stopped = e.args  # and the ones running are killed at once
+        cancel.set()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    done = [(arm, [o for o in outs if "passed" in o]) for arm, _, outs in arms]
+    passed = {arm: {(o["prompt"], o["seed"]): o["passed"] for o in outs} for arm, outs in done}
+    texts = {arm: {(o["prompt"], o["seed"]): o["text"] for o in outs} for arm, _, outs in arms}  # (checked or not)
     first = arms[0][0]
     scored = {}
-    for arm, _, outs in arms:
+    for arm, outs in done:
         k, n = sum(passed[arm].values()), len(outs)
         scored[arm] = {"passed": k, "runs": n, "pass_at_1": k / n if n else None, "interval": wilson(k, n)}
         if arm != first:
-            same = sum(texts[arm][key] == texts[first].get(key) for key in texts[arm])
+            same = sum(texts[arm][key] == texts[first].get(key) for key in passed[arm])
             scored[arm]["vs_first"] = {**paired(passed[first], passed[arm]), "same_text": same}
     greedy = [arm for arm, temp, _ in arms if temp == 0]
     return {"name": name, "problems": len(problems), "format": FORMATS[chat], "limits": asdict(limits),
             "interval": "Wilson 95%", "paired_test": "exact McNemar (two-sided) on the pairs of the same problem "
                                                       "and seed", "arms": scored, "greedy_arms": greedy,
             "greedy_identical": all(texts[g][key] == texts[greedy[0]].get(key) for g in greedy for key in texts[g])
-            if len(greedy) > 1 else None, "checked": sum(len(outs) for *_, outs in arms), "of": len(outputs),
+            if len(greedy) > 1 else None, "checked": sum(len(outs) for _, outs in done), "of": len(outputs),
             **({"stopped": stopped} if stopped is not None else {})}
 
 
@@ -253,7 +256,8 @@ def render(result: dict[str, Any]) -> None:
     for s in result["arms"]:
         q = task["arms"][s["arm"]]
         vs = q.get("vs_first")
-        rows.append([s["arm"], f"{q['pass_at_1']:.3f} [{q['interval'][0]:.3f}-{q['interval'][1]:.3f}]",
+        rows.append([s["arm"], f"{q['pass_at_1']:.3f} [{q['interval'][0]:.3f}-{q['interval'][1]:.3f}]"
+                     if q["runs"] else "- (none checked)",
                      f"{q['passed']}/{q['runs']}", f"{s['decode_tps']['median']:.2f}",
                      f"{s['tokens_per_cycle']['median']:.2f}",
                      f"+{vs['gained']} -{vs['lost']}, p={vs['p_value']:.3g}" + " (noise)" * vs["inside_noise"]
